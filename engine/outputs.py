@@ -1,0 +1,74 @@
+"""What the engine returns (vLLM's ``RequestOutput`` / ``CompletionOutput``), plus classification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence.
+
+    Attributes:
+        index: sample index within the request (0 for ``n == 1``).
+        text: detokenized output, special tokens skipped unless asked otherwise.
+        token_ids: generated token ids, EOS included when the request stopped on it.
+        finish_reason: ``"stop"`` (EOS or a stop token id), ``"length"`` (max_tokens or
+            max_model_len), ``"abort"``, or None while unfinished.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[int] = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request, in vLLM's shape.
+
+    Attributes:
+        request_id: the engine's id of the request.
+        prompt: prompt text when a string was given, else None.
+        prompt_token_ids: the token ids that were run.
+        outputs: the completions (one for ``n == 1``).
+        finished: True once every completion has a finish_reason.
+        num_cached_tokens: prompt tokens served from the prefix cache (not recomputed).
+        metrics: timings in seconds since the epoch: ``arrival_time``, ``first_scheduled_time``,
+            ``first_token_time``, ``finished_time``.
+    """
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class ClassificationOutput:
+    """Choice scoring of one prompt against a label set.
+
+    Attributes:
+        label: the label with the highest score.
+        probs: every label's probability (softmax of the scores over the label set), summing to 1,
+            in the order the labels were given.
+        logprobs: each label's summed token log-probability as a continuation of the prompt (nats).
+        num_prompt_tokens: tokens in the prompt.
+        num_cached_tokens: prompt tokens served from the prefix cache.
+        num_label_tokens: label tokens computed (all labels together).
+    """
+
+    label: str
+    probs: dict[str, float]
+    logprobs: dict[str, float]
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_label_tokens: int

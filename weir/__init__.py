@@ -1,0 +1,3 @@
+"""weir: a self-hosted batch LLM inference worker."""
+
+__version__ = "0.1.0"

