@@ -64,6 +64,7 @@ class ClassificationOutput:
         num_prompt_tokens: tokens in the prompt.
         num_cached_tokens: prompt tokens served from the prefix cache.
         num_label_tokens: label tokens computed (all labels together).
+        request_id: the engine's id of the request.
     """
 
     label: str
@@ -72,3 +73,4 @@ class ClassificationOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_label_tokens: int
+    request_id: str = ""

@@ -1,0 +1,125 @@
+"""Attention over the paged KV cache: metadata for one step and the torch reference path.
+
+The KV cache of one layer is ``[num_blocks, block_size, num_kv_heads, head_dim]``. A token's
+*slot* is ``block_id * block_size + offset``; a request's context is read through its block table.
+
+The tokens of one step are packed: all decode tokens first (one query token per request), then
+the prefill chunks one request after another (any number of new tokens, attending causally to
+themselves and to the request's already-computed prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSeq:
+    """One prefill chunk inside a packed step.
+
+    Attributes:
+        query_start: index of the chunk's first token in the packed step.
+        query_len: number of new tokens in the chunk.
+        context_len: tokens the request has after this step (cached prefix + chunk).
+        context_slots: ``[context_len]`` int64 slots of the whole context, or None when the
+            chunk is the whole context (no cached prefix: keys/values come straight from the step).
+    """
+
+    query_start: int
+    query_len: int
+    context_len: int
+    context_slots: torch.Tensor | None
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs for one packed step.
+
+    Attributes:
+        slot_mapping: ``[num_tokens]`` int64, where each new token's key/value is written.
+        num_decode_tokens: the first ``num_decode_tokens`` tokens are decodes, one per request.
+        decode_context_slots: ``[num_decodes, max_context_len]`` int64 slots (padding: 0).
+        decode_context_mask: ``[num_decodes, 1, 1, max_context_len]`` bool, True where valid.
+        prefills: the prefill chunks, in packed order after the decodes.
+    """
+
+    slot_mapping: torch.Tensor
+    num_decode_tokens: int = 0
+    decode_context_slots: torch.Tensor | None = None
+    decode_context_mask: torch.Tensor | None = None
+    prefills: list[PrefillSeq] = field(default_factory=list)
+
+
+def write_kv_cache(
+    key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter new keys/values into their cache slots.
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        slot_mapping: ``[num_tokens]`` int64 slot per token.
+    """
+    kvh, hd = key.shape[1], key.shape[2]
+    key_cache.view(-1, kvh, hd).index_copy_(0, slot_mapping, key)
+    value_cache.view(-1, kvh, hd).index_copy_(0, slot_mapping, value)
+
+
+def paged_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+) -> torch.Tensor:
+    """Causal attention for one packed step, reading context through the paged cache (torch).
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]``.
+        key, value: ``[num_tokens, num_kv_heads, head_dim]`` of the new tokens (already written
+            to the cache with :func:`write_kv_cache`).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        meta: the step's :class:`AttentionMetadata`.
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` attention output, same dtype as ``query``.
+    """
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    kvh = key.shape[1]
+    out = torch.empty_like(query)
+    flat_k = key_cache.view(-1, kvh, head_dim)
+    flat_v = value_cache.view(-1, kvh, head_dim)
+    nd = meta.num_decode_tokens
+    if nd:
+        # q: [num_decodes, num_heads, 1, head_dim]; k/v: [num_decodes, kvh, max_ctx, head_dim]
+        q = query[:nd].unsqueeze(2)
+        k = flat_k[meta.decode_context_slots].transpose(1, 2)
+        v = flat_v[meta.decode_context_slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=meta.decode_context_mask, scale=scale, enable_gqa=kvh != num_heads
+        )
+        out[:nd] = o.squeeze(2)
+    for p in meta.prefills:
+        s, n = p.query_start, p.query_len
+        # q: [1, num_heads, n, head_dim]
+        q = query[s:s + n].transpose(0, 1).unsqueeze(0)
+        if p.context_slots is None:
+            k = key[s:s + n].transpose(0, 1).unsqueeze(0)
+            v = value[s:s + n].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=kvh != num_heads
+            )
+        else:
+            k = flat_k[p.context_slots].transpose(0, 1).unsqueeze(0)
+            v = flat_v[p.context_slots].transpose(0, 1).unsqueeze(0)
+            # query i sits at position context_len - n + i and sees keys 0..that position
+            q_pos = torch.arange(p.context_len - n, p.context_len, device=query.device)
+            k_pos = torch.arange(p.context_len, device=query.device)
+            mask = k_pos[None, :] <= q_pos[:, None]
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=scale, enable_gqa=kvh != num_heads
+            )
+        out[s:s + n] = o.squeeze(0).transpose(0, 1)
+    return out

@@ -1,0 +1,62 @@
+"""Engine arguments, with vLLM's names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass
+class EngineArgs:
+    """Everything that shapes one engine instance.
+
+    Attributes:
+        model: GGUF file, local Hugging Face folder, None (packaged SmolLM2), or with
+            ``load_format="dummy"`` also a transformers config object.
+        tokenizer: tokenizer location when it differs from ``model``.
+        load_format: ``"auto"`` (real weights) or ``"dummy"`` (random weights).
+        dtype: ``"auto"`` = bf16 on CUDA, fp32 on CPU.
+        device: ``"auto"`` = CUDA when available.
+        max_model_len: longest prompt + output in tokens; default the model's
+            ``max_position_embeddings``.
+        max_num_seqs: most requests running in one step.
+        max_num_batched_tokens: token budget of one step.
+        block_size: tokens per KV block.
+        gpu_memory_utilization: fraction of GPU memory the engine may use (weights + cache).
+        cpu_kv_cache_bytes: KV-cache size on CPU, bytes.
+        num_gpu_blocks_override: fix the number of KV blocks (any device).
+        enable_prefix_caching: reuse cached full blocks of equal prefixes.
+        seed: seed of the default sampling generator.
+    """
+
+    model: Any = None
+    tokenizer: Optional[str] = None
+    load_format: str = "auto"
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: Optional[int] = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_bytes: int = 1 << 30
+    num_gpu_blocks_override: Optional[int] = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_num_seqs": self.max_num_seqs >= 1,
+            "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
+            "block_size": self.block_size >= 1,
+            "gpu_memory_utilization": 0 < self.gpu_memory_utilization <= 1,
+            "cpu_kv_cache_bytes": self.cpu_kv_cache_bytes >= 1,
+            "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
+            "num_gpu_blocks_override": self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1,
+            "load_format": self.load_format in ("auto", "dummy"),
+            "dtype": self.dtype in ("auto", "float32", "bfloat16", "float16"),
+            "device": self.device in ("auto", "cpu", "cuda"),
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r} is out of range")

@@ -1,0 +1,142 @@
+"""A thread-safe front for the engine: many producer threads, one step-loop thread."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable
+
+from engine.llm import LLM, PromptType
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineFront:
+    """Runs ``llm``'s engine step loop in one background thread and hands out futures.
+
+    Any thread may call ``submit_generate``/``submit_classify``; the work is queued, picked up
+    between steps, and the returned ``concurrent.futures.Future`` resolves to the
+    ``RequestOutput``/``ClassificationOutput`` (or raises the request's error, e.g. ValueError for
+    a prompt that is too long). Prompts are tokenized in the calling thread, so bad input fails
+    there at once.
+
+    The engine itself is touched only by the loop thread.
+    """
+
+    def __init__(self, llm: LLM, name: str = "weir-engine"):
+        self.llm = llm
+        self._engine = llm.llm_engine
+        self._cv = threading.Condition()
+        self._inbox: deque[tuple[Callable[[], str], Future]] = deque()
+        self._aborts: deque[str] = deque()
+        self._futures: dict[str, Future] = {}
+        self._stopping = False
+        self._drain = True
+        self._ids = itertools.count()
+        self._tok_lock = threading.Lock()
+        self._stats: dict = self._engine.stats()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- producer side ----------------------------------------------------------------------
+
+    def _submit(self, add: Callable[[str], str], prefix: str) -> Future:
+        fut: Future = Future()
+        rid = f"{prefix}-{next(self._ids)}"
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("engine is shutting down")
+            self._inbox.append((lambda: add(rid), fut))
+            self._cv.notify()
+        fut.request_id = rid  # lets a caller abort it
+        return fut
+
+    def submit_generate(self, prompt: PromptType, params: SamplingParams) -> Future:
+        """Queue one generation; the future gives a ``RequestOutput``.
+
+        Raises:
+            ValueError: the prompt is empty or too long (raised here, nothing is queued).
+            RuntimeError: the front is shutting down.
+        """
+        with self._tok_lock:  # tokenizers are not guaranteed thread-safe
+            ids = self.llm.encode_prompt(prompt)
+        text = prompt if isinstance(prompt, str) else None
+        return self._submit(lambda rid: self._engine.add_request(ids, params, rid, text), "gen")
+
+    def submit_classify(self, prompt: PromptType, labels: list[str]) -> Future:
+        """Queue choice scoring of ``labels``; the future gives a ``ClassificationOutput``.
+
+        Raises:
+            ValueError: empty labels, empty or too long prompt (raised here).
+        """
+        if not labels:
+            raise ValueError("labels is empty")
+        with self._tok_lock:
+            ids = self.llm.encode_prompt(prompt)
+            label_ids = [self.llm.encode_label(lab) for lab in labels]
+        return self._submit(lambda rid: self._engine.add_classification(ids, labels, label_ids, rid), "cls")
+
+    def abort(self, future: Future) -> None:
+        """Abort a submitted request: its blocks are freed and its future is cancelled."""
+        with self._cv:
+            self._aborts.append(future.request_id)
+            self._cv.notify()
+
+    def stats(self) -> dict:
+        """The engine's counters as of the last step (see ``LLMEngine.stats``)."""
+        return dict(self._stats)
+
+    def shutdown(self, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Stop the loop. ``drain=True`` finishes everything submitted first; otherwise pending
+        futures fail with RuntimeError."""
+        with self._cv:
+            self._stopping = True
+            self._drain = drain
+            self._cv.notify()
+        self._thread.join(timeout_s)
+
+    # ---- loop side --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        eng = self._engine
+        while True:
+            with self._cv:
+                while not (self._inbox or self._aborts or self._stopping or eng.has_unfinished()):
+                    self._cv.wait()
+                inbox, self._inbox = self._inbox, deque()
+                aborts, self._aborts = self._aborts, deque()
+                stopping, drain = self._stopping, self._drain
+            for add, fut in inbox:
+                try:
+                    self._futures[add()] = fut
+                except Exception as e:  # bad request: fail it, keep serving the rest
+                    fut.set_exception(e)
+            for rid in aborts:
+                eng.abort(rid)
+                fut = self._futures.pop(rid, None)
+                if fut is not None:
+                    fut.cancel()
+            if stopping and (not drain or not eng.has_unfinished()):
+                for rid, fut in self._futures.items():
+                    eng.abort(rid)
+                    fut.set_exception(RuntimeError("engine shut down before the request finished"))
+                self._futures.clear()
+                return
+            try:
+                outputs = eng.step()
+            except Exception as e:  # a bug in one step must not wedge every waiting caller
+                logger.exception("engine step failed; failing the in-flight requests")
+                for rid, fut in list(self._futures.items()):
+                    eng.abort(rid)
+                    fut.set_exception(e)
+                self._futures.clear()
+                continue
+            self._stats = eng.stats()
+            for out in outputs:
+                fut = self._futures.pop(out.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(out)

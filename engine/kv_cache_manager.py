@@ -1,0 +1,137 @@
+"""Maps requests to KV blocks: prefix-cache lookup, on-demand allocation, forking, freeing."""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable, Optional
+
+from engine.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block_tokens
+from engine.request import Request
+
+
+class KVCacheManager:
+    """Gives each request the blocks its tokens need, and no more.
+
+    A request's ``block_table`` covers exactly ``ceil(num_computed_tokens / block_size)`` blocks
+    after each step: blocks are taken as tokens arrive and returned the moment it ends.
+
+    Args:
+        block_pool: the shared :class:`BlockPool`.
+        block_size: tokens per block.
+        copy_block: ``copy_block(src_block_id, dst_block_id)`` copies one block's keys/values in
+            every layer (used for copy-on-write of a shared partial block when forking).
+        extra_key: mixed into every block hash so different models never share blocks.
+    """
+
+    def __init__(self, block_pool: BlockPool, block_size: int,
+                 copy_block: Optional[Callable[[int, int], None]] = None, extra_key: Hashable = None):
+        self.pool = block_pool
+        self.block_size = block_size
+        self.copy_block = copy_block
+        self.extra_key = extra_key
+        self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_queries_tokens = 0
+        self.num_hit_tokens = 0
+
+    def _update_block_hashes(self, req: Request) -> None:
+        bs = self.block_size
+        hashes = req.block_hashes
+        for i in range(len(hashes), req.num_tokens // bs):
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, tuple(req.all_token_ids[i * bs:(i + 1) * bs]),
+                                            self.extra_key))
+
+    def get_computed_blocks(self, req: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest run of cached full blocks at the start of the request's tokens.
+
+        At least the last token is always left to compute (its logits are needed), so a prompt of
+        exactly ``k * block_size`` tokens hits at most ``k - 1`` blocks.
+
+        Returns:
+            (blocks, number of tokens they cover). Counts the query in the hit-rate statistics.
+        """
+        if not self.pool.enable_caching:
+            return [], 0
+        self._update_block_hashes(req)
+        limit = req.num_tokens - 1
+        if req.score_start is not None:  # scored positions must run through the model
+            limit = min(limit, req.score_start)
+        max_blocks = limit // self.block_size
+        hits: list[KVCacheBlock] = []
+        for h in req.block_hashes[:max_blocks]:
+            b = self.pool.get_cached_block(h)
+            if b is None:
+                break
+            hits.append(b)
+        self.num_queries_tokens += req.num_tokens
+        self.num_hit_tokens += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def num_blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def allocate_slots(self, req: Request, num_new_tokens: int,
+                       new_computed_blocks: Optional[list[KVCacheBlock]] = None) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of ``req`` (after any prefix-hit blocks).
+
+        Returns:
+            False, changing nothing, when the pool lacks free blocks; True otherwise.
+        """
+        new_computed_blocks = new_computed_blocks or []
+        blocks = self.req_blocks.setdefault(req.request_id, [])
+        num_total = req.num_computed_tokens + len(new_computed_blocks) * self.block_size + num_new_tokens
+        num_new_blocks = self.num_blocks_needed(num_total) - len(blocks) - len(new_computed_blocks)
+        # hit blocks that are free now stop counting as free once touched
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
+            return False
+        self.pool.touch(new_computed_blocks)
+        blocks.extend(new_computed_blocks)
+        if num_new_blocks > 0:
+            blocks.extend(self.pool.get_new_blocks(num_new_blocks))
+        req.block_table = [b.block_id for b in blocks]
+        self._cache_full_blocks(req, num_total)
+        return True
+
+    def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
+        # blocks full once this step's tokens are written; a same-step reader is safe because
+        # every layer writes the whole step's keys/values before any attention reads them
+        if not self.pool.enable_caching:
+            return
+        self._update_block_hashes(req)
+        blocks = self.req_blocks[req.request_id]
+        for i in range(min(num_tokens // self.block_size, len(req.block_hashes))):
+            self.pool.cache_full_block(blocks[i], req.block_hashes[i])
+
+    def fork(self, parent: Request, child: Request) -> bool:
+        """Give ``child`` the parent's computed tokens: full blocks shared (ref count + 1), a
+        partial last block copied into a fresh block (copy-on-write).
+
+        ``child``'s first ``parent.num_computed_tokens`` tokens must equal the parent's.
+
+        Returns:
+            False, changing nothing, if a block for the copy is not available.
+        """
+        n = parent.num_computed_tokens
+        src = self.req_blocks[parent.request_id]
+        num_full = n // self.block_size
+        partial = n % self.block_size != 0
+        if partial and self.pool.num_free_blocks < 1:
+            return False
+        shared = src[:num_full]
+        self.pool.touch(shared)
+        blocks = list(shared)
+        if partial:
+            (new,) = self.pool.get_new_blocks(1)
+            self.copy_block(src[num_full].block_id, new.block_id)
+            blocks.append(new)
+        self.req_blocks[child.request_id] = blocks
+        child.block_table = [b.block_id for b in blocks]
+        child.num_computed_tokens = n
+        child.block_hashes = list(parent.block_hashes[:num_full])
+        return True
+
+    def free(self, req: Request) -> None:
+        """Return every block of ``req`` (tail first, so the chain's tail is evicted first)."""
+        blocks = self.req_blocks.pop(req.request_id, [])
+        self.pool.free_blocks(list(reversed(blocks)))
+        req.block_table = []

@@ -1,0 +1,153 @@
+"""vLLM's offline API: ``LLM(model).generate(prompts, sampling_params)``, plus ``chat`` and
+``classify``."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from engine.engine_args import EngineArgs
+from engine.llm_engine import LLMEngine
+from engine.outputs import ClassificationOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+
+PromptType = Union[str, list[int], list[dict]]
+
+
+class LLM:
+    """An engine for offline batches.
+
+    Args:
+        model: GGUF file, local Hugging Face folder, or None for the packaged SmolLM2-135M-Instruct.
+        **engine_args: any field of :class:`engine.engine_args.EngineArgs` (vLLM's names:
+            ``dtype``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
+            ``block_size``, ``gpu_memory_utilization``, ``enable_prefix_caching``, ``load_format``...).
+
+    Raises:
+        FileNotFoundError: the model path does not exist.
+        ValueError: an engine argument is out of range, or ``max_model_len`` does not fit the cache.
+    """
+
+    def __init__(self, model=None, **engine_args):
+        self.llm_engine = LLMEngine(EngineArgs(model=model, **engine_args))
+
+    @property
+    def tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm_engine.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.llm_engine.model_name
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def encode_prompt(self, prompt: PromptType) -> list[int]:
+        """Token ids of a prompt: a string (tokenized with the model's special tokens), a list of
+        token ids, or chat messages (``[{"role": ..., "content": ...}]``, rendered with the
+        tokenizer's chat template and a generation prompt).
+
+        Raises:
+            ValueError: the prompt is empty or longer than ``max_model_len`` allows.
+        """
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            ids = self._require_tokenizer()(prompt).input_ids
+        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            ids = self._require_tokenizer().apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError(f"prompt must be a string, token ids or chat messages, got {type(prompt).__name__}")
+        self.llm_engine.check_prompt(ids)
+        return ids
+
+    def encode_label(self, label: str, append_eos: bool = True) -> list[int]:
+        """Token ids of a label as an answer: its tokens, then the tokenizer's EOS (so that a
+        label that is a prefix of another is scored as a complete answer)."""
+        tok = self._require_tokenizer()
+        ids = tok(label, add_special_tokens=False).input_ids
+        if append_eos and tok.eos_token_id is not None:
+            ids = ids + [tok.eos_token_id]
+        return ids
+
+    def _require_tokenizer(self):
+        if self.llm_engine.tokenizer is None:
+            raise ValueError("this engine has no tokenizer (dummy config): pass token ids")
+        return self.llm_engine.tokenizer
+
+    def _run(self, ids: list[str]) -> list:
+        pending = set(ids)
+        results = {}
+        while pending:
+            for out in self.llm_engine.step():
+                if out.request_id in pending:
+                    results[out.request_id] = out
+                    pending.discard(out.request_id)
+        return [results[i] for i in ids]
+
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 ) -> list[RequestOutput]:
+        """Generate a continuation for each prompt, all batched together.
+
+        Args:
+            prompts: one prompt or a list (strings, token-id lists, or chat message lists).
+            sampling_params: one for all prompts or one per prompt; default ``SamplingParams()``.
+
+        Returns:
+            One :class:`RequestOutput` per prompt, in input order.
+
+        Raises:
+            ValueError: a prompt is empty or too long (nothing is run then).
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) or (
+                prompts and isinstance(prompts[0], dict)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        encoded = [self.encode_prompt(p) for p in prompts]
+        ids = [self.llm_engine.add_request(e, sp, prompt=p if isinstance(p, str) else None)
+               for e, sp, p in zip(encoded, params, prompts)]
+        return self._run(ids)
+
+    def chat(self, messages: Union[list[dict], list[list[dict]]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             ) -> list[RequestOutput]:
+        """Generate replies to conversations rendered with the tokenizer's chat template."""
+        if messages and isinstance(messages[0], dict):
+            messages = [messages]
+        return self.generate(list(messages), sampling_params)
+
+    def classify(self, prompts: Union[PromptType, Sequence[PromptType]], labels: list[str],
+                 ) -> list[ClassificationOutput]:
+        """Score every label as a continuation of each prompt (choice scoring).
+
+        Returns:
+            One :class:`ClassificationOutput` per prompt: the best label and every label's
+            probability, in input order.
+
+        Raises:
+            ValueError: empty label list, empty or too long prompt.
+        """
+        if not labels:
+            raise ValueError("labels is empty")
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
+            prompts = [prompts]
+        label_ids = [self.encode_label(lab) for lab in labels]
+        encoded = [self.encode_prompt(p) for p in prompts]
+        ids = [self.llm_engine.add_classification(e, labels, label_ids) for e in encoded]
+        return self._run(ids)
+
+    def abort(self, request_id: str) -> bool:
+        return self.llm_engine.abort(request_id)
+
+    def stats(self) -> dict:
+        return self.llm_engine.stats()

@@ -1,0 +1,139 @@
+"""Runs one scheduled step on the model: packs inputs, owns the KV cache, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionMetadata, PrefillSeq
+from engine.sampler import sample
+from engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+
+
+class ModelRunner:
+    """Owns the model and the KV cache tensors.
+
+    The KV cache is one tensor ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    Args:
+        model: a ``LlamaForCausalLM`` from ``engine.models.llama``.
+        num_blocks, block_size: cache geometry.
+        device, dtype: where and in what the cache lives.
+    """
+
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype):
+        cfg = model.config
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv_cache = torch.zeros(
+            cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads, head_dim,
+            dtype=dtype, device=device,
+        )
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
+
+    @staticmethod
+    def kv_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        elem = torch.empty(0, dtype=dtype).element_size()
+        return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * head_dim * elem
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """Run every scheduled request's new tokens in one packed forward pass.
+
+        Returns:
+            Sampled tokens for requests whose tokens are all computed, and scoring log-probabilities.
+        """
+        decodes = [s for s in sched.scheduled if s.num_new_tokens == 1]
+        prefills = [s for s in sched.scheduled if s.num_new_tokens > 1]
+        ordered: list[ScheduledRequest] = decodes + prefills
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        prefill_meta: list[PrefillSeq] = []
+        for s in ordered:
+            r = s.request
+            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
+            input_ids.extend(r.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(self._slots(r.block_table, start, end))
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
+        if decodes:
+            meta.num_decode_tokens = len(decodes)
+            ctx = [s.request.num_computed_tokens + 1 for s in decodes]
+            nb = max(len(s.request.block_table) for s in decodes)
+            bt = torch.tensor([s.request.block_table + [0] * (nb - len(s.request.block_table))
+                               for s in decodes], dtype=torch.long, device=dev)
+            max_ctx = max(ctx)
+            # slots: [num_decodes, max_ctx]
+            all_slots = (bt.unsqueeze(-1) * self.block_size
+                         + torch.arange(self.block_size, device=dev)).view(len(decodes), -1)[:, :max_ctx]
+            valid = torch.arange(max_ctx, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None]
+            meta.decode_context_slots = all_slots.masked_fill(~valid, 0)
+            meta.decode_context_mask = valid[:, None, None, :]
+        offset = len(decodes)
+        for s in prefills:
+            r = s.request
+            start, n = r.num_computed_tokens, s.num_new_tokens
+            ctx_slots = None
+            if start:
+                ctx_slots = torch.tensor(self._slots(r.block_table, 0, start + n), dtype=torch.long, device=dev)
+            prefill_meta.append(PrefillSeq(offset, n, start + n, ctx_slots))
+            offset += n
+        meta.prefills = prefill_meta
+
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            self.kv_caches, meta,
+        )
+        return self._outputs(ordered, hidden)
+
+    def _outputs(self, ordered: list[ScheduledRequest], hidden: torch.Tensor) -> ModelRunnerOutput:
+        out = ModelRunnerOutput()
+        sample_rows, sample_reqs = [], []
+        score_rows, score_targets, score_keys = [], [], []
+        final_rows, final_reqs = [], []
+        offset = 0
+        for s in ordered:
+            r = s.request
+            start, n = r.num_computed_tokens, s.num_new_tokens
+            last = offset + n - 1
+            if r.is_scoring:
+                if r.score_start is not None:
+                    lo = max(start, r.score_start)
+                    hi = min(start + n, r.score_start + len(r.score_targets))
+                    for p in range(lo, hi):
+                        score_rows.append(offset + p - start)
+                        score_targets.append(r.score_targets[p - r.score_start])
+                        score_keys.append((r.request_id, p - r.score_start))
+                if s.completes_prompt and r.final_logprob_ids is not None:
+                    final_rows.append(last)
+                    final_reqs.append(r)
+            elif s.completes_prompt:
+                sample_rows.append(last)
+                sample_reqs.append(r)
+            offset += n
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[sample_rows])
+            toks = sample(logits, [r.sampling_params for r in sample_reqs], [r.generator for r in sample_reqs])
+            out.sampled = {r.request_id: t for r, t in zip(sample_reqs, toks)}
+        if score_rows:
+            lp = torch.log_softmax(self.model.compute_logits(hidden[score_rows]), dim=-1)
+            vals = lp.gather(1, torch.tensor(score_targets, device=lp.device)[:, None])[:, 0].tolist()
+            for (rid, i), v in zip(score_keys, vals):
+                out.score_logprobs.setdefault(rid, {})[i] = v
+        if final_rows:
+            lp = torch.log_softmax(self.model.compute_logits(hidden[final_rows]), dim=-1)
+            for row, r in zip(lp, final_reqs):
+                out.final_logprobs[r.request_id] = row[r.final_logprob_ids].tolist()
+        return out

@@ -1,0 +1,185 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) running on the paged KV cache.
+
+Architecture (Touvron et al. 2023, "LLaMA"): token embedding, N blocks of
+RMSNorm -> grouped-query self-attention with rotary position embeddings -> residual ->
+RMSNorm -> SwiGLU MLP -> residual, a final RMSNorm and a tied or untied LM head. Qwen2 adds biases
+to the q/k/v projections. The numerics follow transformers' ``LlamaForCausalLM`` (RMSNorm in fp32,
+RoPE tables from transformers' own rotary module) so greedy outputs match it token for token.
+
+q/k/v and gate/up projections are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionMetadata, paged_attention, write_kv_cache
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, dtype: torch.dtype):
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
+        self.scale = self.head_dim ** -0.5
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_sizes = (q_size, kv_size, kv_size)
+        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
+        self.qkv_proj = nn.Linear(h, q_size + 2 * kv_size, bias=bias, dtype=dtype)
+        self.o_proj = nn.Linear(q_size, h, bias=False, dtype=dtype)
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(config.intermediate_size, h, bias=False, dtype=dtype)
+        self.input_layernorm = RMSNorm(h, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps, dtype)
+
+    def forward(self, x, cos, sin, key_cache, value_cache, meta: AttentionMetadata):
+        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]
+        residual = x
+        h = self.input_layernorm(x)
+        q, k, v = self.qkv_proj(h).split(self.qkv_sizes, dim=-1)
+        t = x.shape[0]
+        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        o = paged_attention(q, k, v, key_cache, value_cache, meta, self.scale)
+        x = residual + self.o_proj(o.reshape(t, -1))
+        residual = x
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).split(
+            self.intermediate_size, dim=-1
+        )
+        return residual + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder plus LM head. Owns its weights and RoPE tables, not the KV cache.
+
+    Args:
+        config: a transformers ``LlamaConfig``/``MistralConfig``/``Qwen2Config``.
+        dtype: weight and activation dtype.
+        max_positions: RoPE table length (>= max_model_len).
+    """
+
+    def __init__(self, config, dtype: torch.dtype, max_positions: int):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(config, dtype) for _ in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self._build_rope(max_positions, dtype)
+
+    def _build_rope(self, max_positions: int, dtype: torch.dtype) -> None:
+        # transformers' rotary module computes the same tables as its own model uses
+        # (every rope_type: default, llama3, linear, dynamic, yarn ...)
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        rope = LlamaRotaryEmbedding(self.config)
+        pos = torch.arange(max_positions).unsqueeze(0)
+        cos, sin = rope(torch.empty(1, dtype=dtype), pos)
+        # cos/sin: [max_positions, head_dim]
+        self.register_buffer("cos_cache", cos[0].contiguous(), persistent=False)
+        self.register_buffer("sin_cache", sin[0].contiguous(), persistent=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
+        """Run one packed step.
+
+        Args:
+            input_ids: ``[num_tokens]`` int64.
+            positions: ``[num_tokens]`` int64 position of each token in its request.
+            kv_caches: per layer a ``(key_cache, value_cache)`` pair, each
+                ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+            meta: :class:`AttentionMetadata` of the step.
+
+        Returns:
+            ``[num_tokens, hidden_size]`` final hidden states (after the last norm).
+        """
+        x = self.embed_tokens(input_ids)
+        # cos/sin: [num_tokens, 1, head_dim], broadcast over heads
+        cos = self.cos_cache[positions].unsqueeze(1)
+        sin = self.sin_cache[positions].unsqueeze(1)
+        for layer, (kc, vc) in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, kc, vc, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[n, hidden_size]`` -> ``[n, vocab_size]`` logits in fp32."""
+        return F.linear(hidden, self.lm_head_weight).float()
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy weights named as in transformers' ``*ForCausalLM`` state dict, fusing q/k/v and gate/up.
+
+        Raises:
+            KeyError: a weight the architecture needs is missing.
+        """
+        def get(name):
+            if name not in sd:
+                raise KeyError(f"checkpoint has no weight {name!r}")
+            return sd[name]
+
+        self.embed_tokens.weight.copy_(get("model.embed_tokens.weight"))
+        self.norm.weight.copy_(get("model.norm.weight"))
+        if not self.tie_word_embeddings:
+            self.lm_head.weight.copy_(get("lm_head.weight"))
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            layer.qkv_proj.weight.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+            if layer.qkv_proj.bias is not None:
+                layer.qkv_proj.bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+            layer.o_proj.weight.copy_(get(p + "self_attn.o_proj.weight"))
+            layer.gate_up_proj.weight.copy_(
+                torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+            )
+            layer.down_proj.weight.copy_(get(p + "mlp.down_proj.weight"))
+            layer.input_layernorm.weight.copy_(get(p + "input_layernorm.weight"))
+            layer.post_attention_layernorm.weight.copy_(get(p + "post_attention_layernorm.weight"))
+
+    @torch.no_grad()
+    def init_dummy(self, seed: int = 0) -> None:
+        """Random weights (normal, std 0.02; norms 1) for benchmarks without a checkpoint."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(0.02).to(p.dtype))

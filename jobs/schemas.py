@@ -1,0 +1,136 @@
+"""What a caller may ask for: pydantic request models, validated before anything is stored or sent.
+
+A request is stored as JSON in the ``jobs.request`` column and parsed back by the worker with
+:func:`parse_request`, so both sides agree on one schema. Sampling fields carry vLLM's names and
+ranges (``engine.SamplingParams``).
+
+How a prompt reaches the model: a plain string without ``system_prompt`` is run as raw text
+(a completion); a list of chat messages, or any string with a ``system_prompt``, goes through the
+model's chat template with the generation prompt appended.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_CUSTOM_ID_CHARS = 256
+
+
+class ChatMessage(BaseModel):
+    """One chat turn, as in OpenAI's and vLLM's chat APIs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(min_length=1)
+
+
+Prompt = Union[str, list[ChatMessage]]
+
+
+class _JobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: Prompt
+    system_prompt: Optional[str] = Field(None, min_length=1)
+    custom_id: Optional[str] = Field(None, min_length=1, max_length=MAX_CUSTOM_ID_CHARS)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, prompt: Prompt) -> Prompt:
+        if isinstance(prompt, str) and not prompt.strip():
+            raise ValueError("prompt is empty")
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError("prompt has no messages")
+        return prompt
+
+    def engine_prompt(self) -> Union[str, list[dict[str, str]]]:
+        """The prompt in the form ``engine.LLM.encode_prompt`` takes.
+
+        Returns:
+            The string itself for a raw prompt; otherwise chat messages as dicts, the system prompt
+            first.
+        """
+        if isinstance(self.prompt, str) and self.system_prompt is None:
+            return self.prompt
+        messages = []
+        if self.system_prompt is not None:
+            messages.append({"role": "system", "content": self.system_prompt})
+        if isinstance(self.prompt, str):
+            messages.append({"role": "user", "content": self.prompt})
+        else:
+            messages.extend(m.model_dump() for m in self.prompt)
+        return messages
+
+    @property
+    def product_id(self) -> Optional[str]:
+        """``metadata["product_id"]`` as a string, when the job enriches a catalog product."""
+        value = self.metadata.get("product_id")
+        return None if value is None else str(value)
+
+
+class GenerateRequest(_JobRequest):
+    """Generate a continuation of ``prompt``.
+
+    Sampling fields have vLLM's names and ranges: ``temperature >= 0`` (0 = greedy),
+    ``0 < top_p <= 1``, ``top_k`` of -1/0 (off) or ``>= 1``, ``max_tokens >= 1``, ``seed >= 0``.
+    """
+
+    kind: Literal["generate"] = "generate"
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1)
+    seed: Optional[int] = Field(None, ge=0)
+    max_tokens: int = Field(16, ge=1)
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """Keyword arguments for ``engine.SamplingParams``."""
+        return self.model_dump(include={"temperature", "top_p", "top_k", "seed", "max_tokens"})
+
+
+class ClassifyRequest(_JobRequest):
+    """Pick the label the model finds most likely as a continuation of ``prompt``.
+
+    ``labels`` must be non-empty, each label non-blank, no label repeated.
+    """
+
+    kind: Literal["classify"] = "classify"
+    labels: list[str] = Field(min_length=1)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_distinct(cls, labels: list[str]) -> list[str]:
+        if any(not label.strip() for label in labels):
+            raise ValueError("labels must not be blank")
+        seen: set[str] = set()
+        repeated = [label for label in labels if label in seen or seen.add(label)]
+        if repeated:
+            raise ValueError(f"labels must be distinct, repeated: {sorted(set(repeated))}")
+        return labels
+
+
+JobRequest = Union[GenerateRequest, ClassifyRequest]
+
+_REQUEST_MODELS: dict[str, type[_JobRequest]] = {"generate": GenerateRequest, "classify": ClassifyRequest}
+
+
+class _RequestKind(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["generate", "classify"]
+
+
+def parse_request(data: Union[dict[str, Any], GenerateRequest, ClassifyRequest]) -> JobRequest:
+    """Validate one request given as a dict (with a ``kind`` key) or as a request model.
+
+    Raises:
+        pydantic.ValidationError: ``kind`` missing or not ``generate``/``classify`` (loc
+            ``("kind",)``), or any invalid field of that kind (loc ``("prompt",)``, ``("labels",)``...).
+    """
+    if isinstance(data, (GenerateRequest, ClassifyRequest)):
+        return data
+    kind = _RequestKind.model_validate(data).kind
+    return _REQUEST_MODELS[kind].model_validate(data)
