@@ -27,6 +27,7 @@ class EngineArgs:
         num_gpu_blocks_override: fix the number of KV blocks (any device).
         enable_prefix_caching: reuse cached full blocks of equal prefixes.
         seed: seed of the default sampling generator.
+        skip_tokenizer_init: load no tokenizer (prompts must be token ids).
     """
 
     model: Any = None
@@ -43,6 +44,7 @@ class EngineArgs:
     num_gpu_blocks_override: Optional[int] = None
     enable_prefix_caching: bool = True
     seed: int = 0
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self) -> None:
         checks = {

@@ -84,9 +84,10 @@ class LLMEngine:
             src = resolve_model(args.model)
             self.model_name = src.name
             self.config = load_config(src)
-            self.tokenizer = load_tokenizer(resolve_model(args.tokenizer) if args.tokenizer else src)
+            if not args.skip_tokenizer_init:
+                self.tokenizer = load_tokenizer(resolve_model(args.tokenizer) if args.tokenizer else src)
             eos_ids = load_generation_eos_ids(src, self.config)
-            if self.tokenizer.eos_token_id is not None:
+            if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos_ids)
         max_pos = getattr(self.config, "max_position_embeddings", None) or 4096
@@ -235,8 +236,18 @@ class LLMEngine:
         self._finished.append(cls.output())
 
     def abort(self, request_id: str) -> bool:
-        """Stop a request and free its blocks at once. Returns False if it is unknown."""
-        return self.scheduler.abort(request_id) is not None
+        """Stop a request (a classification with its label forks) and free its blocks at once.
+
+        Returns:
+            False if the request is unknown or already finished.
+        """
+        found = self.scheduler.abort(request_id) is not None
+        cls = self._classifications.pop(request_id, None)
+        if cls is not None:
+            for i in range(len(cls.labels)):
+                self.scheduler.abort(f"{request_id}/{i}")
+            found = True
+        return found
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._finished)

@@ -133,29 +133,43 @@ class PromptChecker:
         return cls(load_tokenizer(tokenizer or model_path), min(limits))
 
     def encode(self, prompt: Union[str, list[dict[str, str]]]) -> list[int]:
-        """Token ids of an engine prompt (a raw string, or chat messages -> chat template)."""
+        """Token ids of an engine prompt, as ``engine.LLM.encode_prompt`` makes them: a string with
+        the tokenizer's special tokens, chat messages through the chat template."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+            return self.tokenizer(prompt).input_ids
+        return self.tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
 
-    def num_tokens(self, request: JobRequest) -> int:
-        """Tokens the request needs in one sequence: the prompt, plus the longest label to score."""
-        num_tokens = len(self.encode(request.engine_prompt()))
-        if isinstance(request, ClassifyRequest):
-            num_tokens += max(len(self.tokenizer.encode(label, add_special_tokens=False)) for label in request.labels)
-        return num_tokens
+    def num_label_tokens(self, label: str) -> int:
+        """Tokens one label adds when scored: its own, plus EOS (the engine scores a full answer)."""
+        num_eos = 0 if self.tokenizer.eos_token_id is None else 1
+        return len(self.tokenizer(label, add_special_tokens=False).input_ids) + num_eos
 
-    def check(self, request: JobRequest) -> None:
-        """Raise when the request does not fit.
+    def check(self, request: JobRequest) -> int:
+        """Refuse a request the engine would refuse for its length.
+
+        A generation needs room for at least one new token (prompt < ``max_model_len``); a
+        classification needs the prompt plus its longest label (with EOS) to fit.
+
+        Returns:
+            The number of prompt tokens.
 
         Raises:
-            PromptTooLongError: ``num_tokens(request) > max_model_len``; the message gives both.
+            PromptTooLongError: the request does not fit; the message gives both numbers.
         """
-        num_tokens = self.num_tokens(request)
-        if num_tokens > self.max_model_len:
-            what = "prompt + longest label" if isinstance(request, ClassifyRequest) else "prompt"
+        num_prompt_tokens = len(self.encode(request.engine_prompt()))
+        name = request.custom_id or "without custom_id"
+        if num_prompt_tokens >= self.max_model_len:
             raise PromptTooLongError(
-                f"{what} of request {request.custom_id or ''!s} has {num_tokens} tokens, "
-                f"more than max_model_len={self.max_model_len}"
+                f"prompt of request {name} has {num_prompt_tokens} tokens; max_model_len="
+                f"{self.max_model_len} leaves no room for output"
             )
+        if isinstance(request, ClassifyRequest):
+            longest = num_prompt_tokens + max(self.num_label_tokens(label) for label in request.labels)
+            if longest > self.max_model_len:
+                raise PromptTooLongError(
+                    f"prompt plus longest label of request {name} has {longest} tokens, more than "
+                    f"max_model_len={self.max_model_len}"
+                )
+        return num_prompt_tokens

@@ -29,7 +29,8 @@ def model_name(model: Optional[str]) -> str:
         model: a GGUF file path, a Hugging Face folder path, or None/"" for the packaged SmolLM2.
 
     Returns:
-        The file name up to its first dot for a GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf`` ->
+        The engine's ``LLM.model_name`` for the same reference: a GGUF file's name without
+        ``.gguf`` and its quantization suffix (``SmolLM2-135M-Instruct.Q4_1.gguf`` ->
         ``SmolLM2-135M-Instruct``), else the folder's base name.
     """
     if not model:
@@ -38,7 +39,7 @@ def model_name(model: Optional[str]) -> str:
         model = DEFAULT_GGUF_FILE
     base = os.path.basename(os.path.normpath(model))
     if base.endswith(".gguf"):
-        base = base.split(".", 1)[0]
+        base = base[: -len(".gguf")].split(".Q")[0].split(".F")[0]
     return base
 
 
