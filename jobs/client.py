@@ -88,18 +88,29 @@ class Client:
         settings: weir settings; default :func:`weir.config.get_settings`.
         celery_app: publish through this app instead of one built from ``WEIR_BROKER_URL``
             (the embedded mode hands in its in-process app).
+        prompt_checker: length checks with this instead of loading the model's tokenizer (the
+            embedded mode hands in the engine's).
     """
 
-    def __init__(self, settings: Optional[Settings] = None, *, celery_app: Any = None) -> None:
+    def __init__(
+        self,
+        settings: Optional[Settings] = None,
+        *,
+        celery_app: Any = None,
+        prompt_checker: Optional[PromptChecker] = None,
+    ) -> None:
         self.settings = settings or get_settings()
         self.model = names.model_name(self.settings.engine.model)
         self.queue = names.queue_for_model(self.settings.engine.model, self.settings.worker.queue)
         self.engine = make_engine(self.settings.database.url())
         self.session_factory = make_session_factory(self.engine)
         self._celery_app = celery_app
+        if prompt_checker is not None:
+            self.prompt_checker = prompt_checker
 
     @cached_property
     def prompt_checker(self) -> PromptChecker:
+        """The model's tokenizer and ``max_model_len``, loaded on first use."""
         engine = self.settings.engine
         return PromptChecker.for_model(engine.model, engine.tokenizer, engine.max_model_len)
 

@@ -37,6 +37,13 @@ def downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
 
 
+def head_revision() -> str:
+    """The newest revision in ``versions/``."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
 def current_revision(url: str) -> str | None:
     """The revision the database at ``url`` is at; None when it has never been migrated."""
     from alembic.runtime.migration import MigrationContext

@@ -71,6 +71,8 @@ class WorkerSettings(_WeirSettings):
     concurrency: Optional[int] = Field(None, gt=0, description="task threads; default max_num_seqs")
     max_retries: int = Field(3, ge=0)
     visibility_timeout_s: int = Field(3600, gt=0)
+    catalog_path: Optional[str] = Field(None, description="catalog CSV the nightly enrichment reads")
+    catalog_schedule: str = Field("0 2 * * *", description="cron line (UTC) of the nightly enrichment")
 
 
 class DatabaseSettings(_WeirSettings):

@@ -1,0 +1,216 @@
+"""The ``weir`` command line: ``worker``, ``enrich``, ``db upgrade|downgrade``, ``bench``.
+
+Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
+differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+from weir.config import Settings, get_settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _queue(settings: Settings) -> str:
+    from jobs import names
+
+    return names.queue_for_model(settings.engine.model, settings.worker.queue)
+
+
+def _concurrency(settings: Settings) -> int:
+    return settings.worker.concurrency or settings.engine.max_num_seqs
+
+
+def _is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def _ensure_schema(settings: Settings) -> Optional[str]:
+    """Migrate a SQLite database to head; for any other database only check it.
+
+    Returns:
+        None when the schema is current, else a message saying what to run.
+    """
+    import migrations
+
+    url = settings.database.url()
+    if _is_sqlite(url):
+        migrations.upgrade(url)
+        return None
+    current, head = migrations.current_revision(url), migrations.head_revision()
+    if current != head:
+        return f"database is at revision {current}, code expects {head}: run `weir db upgrade`"
+    return None
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    if not settings.worker.broker_url:
+        print(
+            "weir worker: WEIR_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0). A worker "
+            "serves a shared broker; to run a catalog without one, use `weir enrich`, which starts "
+            "an in-process worker.",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    problem = _ensure_schema(settings)
+    if problem:
+        print(f"weir worker: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+
+    import worker.tasks  # noqa: F401  (registers the tasks)
+    from worker.app import app
+
+    queue = _queue(settings)
+    controller = app.Worker(
+        hostname=f"weir-{os.getpid()}@{os.uname().nodename}",
+        pool="threads",
+        concurrency=_concurrency(settings),
+        queues=[queue],
+        loglevel=args.loglevel,
+        beat=args.beat,
+        without_mingle=True,
+        without_gossip=True,
+    )
+    controller.start()
+    return controller.exitcode or EXIT_OK
+
+
+def cmd_enrich(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from jobs.catalog import CatalogColumns, enqueue_catalog, read_catalog, summarize
+    from jobs.client import Client
+
+    settings = get_settings()
+    columns = CatalogColumns(
+        product=args.product_col,
+        brand=args.brand_col,
+        category=args.category_col,
+        description=args.description_col,
+        id=args.id_col,
+    )
+    try:
+        catalog = read_catalog(args.catalog, columns, limit=args.limit)
+    except (OSError, ValueError) as exc:
+        print(f"weir enrich: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not catalog.products:
+        print(f"weir enrich: {args.catalog} has no products", file=sys.stderr)
+        return EXIT_USAGE
+
+    def run(client: Client) -> int:
+        client.prompt_checker  # load the tokenizer before the clock starts
+        started = time.monotonic()
+        batch_id = enqueue_catalog(client, catalog)
+        print(f"batch {batch_id}: {2 * len(catalog.products)} jobs on queue {client.queue}", file=sys.stderr)
+        with tqdm(total=2 * len(catalog.products), unit="job", desc="enrich") as bar:
+            final = client.wait(batch_id, args.timeout_s, progress=bar)
+        summary = summarize(catalog, client.results(batch_id), time.monotonic() - started)
+        print(summary.format())
+        return EXIT_OK if final.num_failed == 0 else EXIT_FAILED
+
+    if settings.worker.broker_url:
+        problem = _ensure_schema(settings)
+        if problem:
+            print(f"weir enrich: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+        client = Client(settings)
+        try:
+            return run(client)
+        finally:
+            client.close()
+
+    if settings.database.database_url:
+        problem = _ensure_schema(settings)
+        if problem:
+            print(f"weir enrich: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+    else:
+        _ensure_schema(settings)
+    print(
+        f"weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in "
+        f"{settings.database.url()}",
+        file=sys.stderr,
+    )
+    from jobs.model_info import PromptChecker
+    from worker.app import app
+    from worker.embedded import embedded_worker
+
+    with embedded_worker(app, queue=_queue(settings), concurrency=_concurrency(settings)) as runtime:
+        checker = PromptChecker(runtime.llm.tokenizer, runtime.llm.max_model_len)
+        client = Client(settings, celery_app=app, prompt_checker=checker)
+        try:
+            return run(client)
+        finally:
+            client.close()
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    import migrations
+
+    url = get_settings().database.url()
+    if args.db_command == "upgrade":
+        migrations.upgrade(url, args.revision)
+    else:
+        migrations.downgrade(url, args.revision)
+    print(f"database at revision {migrations.current_revision(url)}")
+    return EXIT_OK
+
+
+def cmd_bench(argv: Sequence[str]) -> int:
+    from bench.run import main as bench_main
+
+    return bench_main(list(argv)) or EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="weir", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    worker = commands.add_parser("worker", help="run a Celery worker (threads pool) for the model's queue")
+    worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument("--beat", action="store_true", help="also run the periodic scheduler (nightly enrichment)")
+    worker.set_defaults(func=cmd_worker)
+
+    enrich = commands.add_parser("enrich", help="classify and describe every product of a catalog CSV")
+    enrich.add_argument("catalog", help="catalog CSV file")
+    enrich.add_argument("--limit", type=int, default=None, help="first N products only")
+    enrich.add_argument("--product-col", default="product")
+    enrich.add_argument("--brand-col", default="brand")
+    enrich.add_argument("--category-col", default="category")
+    enrich.add_argument("--description-col", default="description")
+    enrich.add_argument("--id-col", default="index")
+    enrich.add_argument("--timeout-s", type=float, default=None, help="give up waiting after this long")
+    enrich.set_defaults(func=cmd_enrich)
+
+    db = commands.add_parser("db", help="migrate the results database (WEIR_DATABASE_URL)")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_commands.add_parser("upgrade", help="migrate up (default: to the newest revision)")
+    upgrade.add_argument("revision", nargs="?", default="head")
+    downgrade = db_commands.add_parser("downgrade", help="migrate down to REVISION ('base': drop all)")
+    downgrade.add_argument("revision")
+    db.set_defaults(func=cmd_db)
+
+    commands.add_parser("bench", help="benchmarks (arguments go to bench.run)", add_help=False)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

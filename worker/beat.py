@@ -1,0 +1,49 @@
+"""Periodic work: the nightly catalog enrichment (run ``weir worker --beat`` or ``celery beat``)."""
+
+from __future__ import annotations
+
+from celery.schedules import crontab
+
+from jobs import names
+from weir.config import Settings
+
+NIGHTLY_ENRICHMENT = "enrich-catalog-nightly"
+
+
+def cron(line: str) -> crontab:
+    """A Celery ``crontab`` from a five-field cron line ``minute hour day-of-month month day-of-week``.
+
+    Raises:
+        ValueError: the line does not have five fields, or a field is not valid cron syntax.
+    """
+    fields = line.split()
+    if len(fields) != 5:
+        raise ValueError(f"cron line needs 5 fields (minute hour day month weekday), got {line!r}")
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    return crontab(
+        minute=minute,
+        hour=hour,
+        day_of_month=day_of_month,
+        month_of_year=month_of_year,
+        day_of_week=day_of_week,
+    )
+
+
+def beat_schedule(settings: Settings) -> dict:
+    """Celery's ``beat_schedule``: the nightly enrichment of ``WEIR_CATALOG_PATH``, when it is set.
+
+    The entry publishes :data:`jobs.names.ENRICH_CATALOG` to the model's queue at
+    ``WEIR_CATALOG_SCHEDULE`` (cron, UTC); the task only enqueues the batch, the same workers run it.
+    """
+    if not settings.worker.catalog_path:
+        return {}
+    return {
+        NIGHTLY_ENRICHMENT: {
+            "task": names.ENRICH_CATALOG,
+            "schedule": cron(settings.worker.catalog_schedule),
+            "args": (settings.worker.catalog_path,),
+            "options": {
+                "queue": names.queue_for_model(settings.engine.model, settings.worker.queue)
+            },
+        }
+    }
