@@ -1,0 +1,90 @@
+"""The engine with the real SmolLM2-135M-Instruct (fp32, CPU) against transformers' own generate."""
+
+import csv
+import os
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from tests.conftest import hf_greedy
+
+pytestmark = pytest.mark.integration
+
+CATALOG = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "bigbasket_products.csv")
+SYSTEM = (
+    "You are a copywriter for an online grocery and household store. Given a product name and its "
+    "brand, write exactly one short, factual sentence for the product page that says what the "
+    "product is and what it is used for. Do not invent prices, sizes or health claims, do not use "
+    "lists, and do not repeat the brand more than once."
+)
+MAX_TOKENS = 48
+
+
+def catalog_messages(n):
+    with open(CATALOG, encoding="utf-8", newline="") as f:
+        rows = [r for _, r in zip(range(n), csv.DictReader(f))]
+    return [[{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": f"Product: {r['product']}\nBrand: {r['brand']}"}] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(None, dtype="float32", max_model_len=1024)
+
+
+@pytest.fixture(scope="module")
+def expected(llm):
+    from transformers import AutoModelForCausalLM
+
+    from weir.config import default_model_path
+
+    path = default_model_path()
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              dtype=torch.float32).eval()
+    prompts = [llm.encode_prompt(m) for m in catalog_messages(20)]
+    eos = sorted(llm.llm_engine.eos_token_ids)
+    return prompts, [hf_greedy(hf, p, MAX_TOKENS, eos_token_id=eos) for p in prompts]
+
+
+def greedy():
+    return SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+
+
+def test_greedy_equals_transformers_together_and_alone(llm, expected):
+    prompts, want = expected
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy())] == want
+    assert [llm.generate([p], greedy())[0].outputs[0].token_ids for p in prompts[:8]] == want[:8]
+
+
+def test_greedy_equals_transformers_without_prefix_caching(llm, expected):
+    prompts, want = expected
+    eng = llm.llm_engine
+    eng.block_pool.enable_caching = False
+    try:
+        outs = llm.generate(prompts, greedy())
+    finally:
+        eng.block_pool.enable_caching = True
+    assert [o.num_cached_tokens for o in outs] == [0] * 20
+    assert [o.outputs[0].token_ids for o in outs] == want
+
+
+def test_text_and_eos(llm, expected):
+    prompts, want = expected
+    out = llm.generate([prompts[0]], greedy())[0]
+    assert out.outputs[0].text == llm.tokenizer.decode(want[0], skip_special_tokens=True)
+    if want[0][-1] in llm.llm_engine.eos_token_ids:
+        assert out.outputs[0].finish_reason == "stop"
+
+
+def test_64_jobs_sharing_a_system_prompt_hit_the_prefix_cache(llm):
+    before = llm.stats()
+    outs = llm.chat(catalog_messages(64), SamplingParams(temperature=0, max_tokens=4))
+    after = llm.stats()
+    queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+    hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+    assert queries == sum(len(o.prompt_token_ids) for o in outs)
+    assert hits / queries > 0.5
+    assert sum(o.num_cached_tokens for o in outs) == hits
+    pool = llm.llm_engine.block_pool
+    assert pool.num_free_blocks == pool.num_blocks
