@@ -1,31 +1,17 @@
 """The engine with the real SmolLM2-135M-Instruct (fp32, CPU) against transformers' own generate."""
 
-import csv
 import os
 
 import pytest
 import torch
 
+from bench.workloads import w_gen_messages as catalog_messages
 from engine import LLM, SamplingParams
 from tests.conftest import hf_greedy
 
 pytestmark = pytest.mark.integration
 
-CATALOG = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "bigbasket_products.csv")
-SYSTEM = (
-    "You are a copywriter for an online grocery and household store. Given a product name and its "
-    "brand, write exactly one short, factual sentence for the product page that says what the "
-    "product is and what it is used for. Do not invent prices, sizes or health claims, do not use "
-    "lists, and do not repeat the brand more than once."
-)
 MAX_TOKENS = 48
-
-
-def catalog_messages(n):
-    with open(CATALOG, encoding="utf-8", newline="") as f:
-        rows = [r for _, r in zip(range(n), csv.DictReader(f))]
-    return [[{"role": "system", "content": SYSTEM},
-             {"role": "user", "content": f"Product: {r['product']}\nBrand: {r['brand']}"}] for r in rows]
 
 
 @pytest.fixture(scope="module")
