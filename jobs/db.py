@@ -113,7 +113,8 @@ def _enum_column(enum_cls: type[enum.Enum], name: str) -> Enum:
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map = {
-        dict[str, Any]: JSON,
+        # SQL NULL, not JSON 'null', for a missing value.
+        dict[str, Any]: JSON(none_as_null=True),
         uuid.UUID: Uuid,
         datetime: DateTime(timezone=True),
     }

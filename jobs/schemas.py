@@ -11,9 +11,9 @@ model's chat template with the generation prompt appended.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 MAX_CUSTOM_ID_CHARS = 256
 
@@ -27,7 +27,15 @@ class ChatMessage(BaseModel):
     content: str = Field(min_length=1)
 
 
-Prompt = Union[str, list[ChatMessage]]
+def _prompt_form(value: Any) -> str:
+    return "text" if isinstance(value, str) else "messages"
+
+
+# Tagged by its Python type, so an error names one branch: ("prompt", "messages", 0, "content").
+Prompt = Annotated[
+    Union[Annotated[str, Tag("text")], Annotated[list[ChatMessage], Tag("messages")]],
+    Discriminator(_prompt_form),
+]
 
 
 class _JobRequest(BaseModel):

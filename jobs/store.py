@@ -144,9 +144,10 @@ def claim_job(session: Session, job_id: uuid.UUID) -> Optional[Job]:
             attempts=Job.attempts + 1,
             started_at=func.coalesce(Job.started_at, now),
         )
+        .returning(Job.id)
         .execution_options(synchronize_session=False)
-    ).rowcount
-    if not claimed:
+    ).first()
+    if claimed is None:
         return None
     if batch.status == BatchStatus.QUEUED:
         batch.status = BatchStatus.IN_PROGRESS
@@ -209,7 +210,8 @@ def record_result(session: Session, job: Job, result: JobResult) -> bool:
         set_={name: stmt.excluded[name] for name in _RESULT_COLUMNS},
         where=Job.status.not_in([JobStatus.SUCCEEDED, JobStatus.CANCELLED]),
     )
-    written = session.execute(stmt).rowcount > 0
+    # RETURNING yields the row only when it was inserted or the guarded update applied.
+    written = session.execute(stmt.returning(Job.id)).first() is not None
     refresh_batch(session, job.batch_id)
     return written
 

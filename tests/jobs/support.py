@@ -1,0 +1,85 @@
+"""Shared pieces of the jobs/ and worker/ tests: service URLs, a fresh database, a tiny chat model."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import pytest
+
+# Test-only knobs (the project's own settings come from weir.config).
+POSTGRES_ADMIN_URL = os.environ.get(
+    "WEIR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("WEIR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+_tiny_model_dir: Optional[str] = None
+
+
+@contextmanager
+def fresh_postgres_database() -> Iterator[str]:
+    """A new ``weir_test_<random>`` database migrated to head, dropped afterwards; skips the
+    test when no Postgres server answers at ``WEIR_TEST_POSTGRES_URL``."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    import migrations
+    from jobs.db import make_engine
+    from jobs.testing import temporary_postgres_database
+
+    probe = make_engine(POSTGRES_ADMIN_URL, connect_args={"connect_timeout": 3})
+    try:
+        with probe.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        pytest.skip(f"no Postgres at {POSTGRES_ADMIN_URL}: {exc.orig}")
+    finally:
+        probe.dispose()
+    with temporary_postgres_database(POSTGRES_ADMIN_URL) as url:
+        migrations.upgrade(url)
+        yield url
+
+
+def redis_or_skip() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
+    return REDIS_URL
+
+
+def tiny_chat_model_dir(tmp_path_factory) -> str:
+    """A random-weight 2-layer Llama (hidden 64, vocab 49152) with SmolLM2's tokenizer and chat
+    template, saved as a Hugging Face folder; built once per test process."""
+    global _tiny_model_dir
+    if _tiny_model_dir is None:
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        from weir.config import default_model_path
+
+        gguf_path = default_model_path()
+        tokenizer = AutoTokenizer.from_pretrained(
+            os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
+        )
+        config = LlamaConfig(
+            vocab_size=49152,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            tie_word_embeddings=True,
+        )
+        torch.manual_seed(0)
+        path = str(tmp_path_factory.mktemp("tiny-chat-llama"))
+        LlamaForCausalLM(config).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        _tiny_model_dir = path
+    return _tiny_model_dir

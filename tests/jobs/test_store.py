@@ -1,0 +1,236 @@
+"""Result writes: idempotent upserts keyed by job id, guarded against late failures, with batch
+counts that stay exact. Runs on a fresh Postgres database and on SQLite."""
+
+import threading
+import uuid
+
+import pytest
+from sqlalchemy import func, select
+
+import migrations
+from jobs import store
+from jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment, make_engine, make_session_factory
+from jobs.schemas import ClassifyRequest, GenerateRequest
+from jobs.store import JobResult
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def session_factory(request, tmp_path):
+    if request.param == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+    else:
+        url = f"sqlite:///{tmp_path / 'weir.db'}"
+        migrations.upgrade(url)
+    engine = make_engine(url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def make_batch(session_factory, num_jobs=3):
+    requests = [
+        GenerateRequest(prompt=f"p{i}", custom_id=f"c{i}", metadata={"product_id": f"prod-{i}"})
+        for i in range(num_jobs)
+    ]
+    with session_factory.begin() as session:
+        batch, jobs = store.create_batch(session, requests, model="tiny", metadata={"x": 1})
+    return batch.id, [job.id for job in jobs]
+
+
+def run(session_factory, job_id, result):
+    """What the task does: claim, then record (None when nothing was claimed)."""
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_id)
+    if job is None:
+        return None
+    with session_factory.begin() as session:
+        written = store.record_result(session, job, result)
+        if written:
+            store.record_enrichment(session, job, result, model="tiny")
+    return written
+
+
+def ok(text="out"):
+    return JobResult(status=JobStatus.SUCCEEDED, output_text=text, finish_reason="stop",
+                     num_prompt_tokens=5, num_completion_tokens=2, num_cached_tokens=0)
+
+
+def load(session_factory, batch_id):
+    with session_factory() as session:
+        return store.get_batch(session, batch_id), store.list_jobs(session, batch_id)
+
+
+def test_create_batch_stores_queued_jobs_in_order(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    batch, jobs = load(session_factory, batch_id)
+    assert batch.status == BatchStatus.QUEUED and batch.num_jobs == 3 and batch.meta == {"x": 1}
+    assert [j.id for j in jobs] == job_ids
+    assert [(j.batch_index, j.custom_id, j.status, j.attempts) for j in jobs] == [
+        (0, "c0", JobStatus.QUEUED, 0), (1, "c1", JobStatus.QUEUED, 0), (2, "c2", JobStatus.QUEUED, 0)
+    ]
+    assert jobs[0].request["prompt"] == "p0" and jobs[0].request["kind"] == "generate"
+
+
+def test_default_custom_ids_are_positions(session_factory):
+    with session_factory.begin() as session:
+        _, jobs = store.create_batch(session, [GenerateRequest(prompt="a"), GenerateRequest(prompt="b")],
+                                     model="tiny")
+    assert [j.custom_id for j in jobs] == ["0", "1"]
+
+
+def test_duplicate_custom_id_stores_nothing(session_factory):
+    with pytest.raises(ValueError, match="'dup' appears more than once"):
+        with session_factory.begin() as session:
+            store.create_batch(
+                session,
+                [GenerateRequest(prompt="a", custom_id="dup"), GenerateRequest(prompt="b", custom_id="dup")],
+                model="tiny",
+            )
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.custom_id == "dup")) == 0
+
+
+def test_claim_marks_running_and_counts_attempts(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_ids[0])
+    assert job.status == JobStatus.RUNNING and job.attempts == 1 and job.started_at is not None
+    with session_factory.begin() as session:  # a redelivery of a running job claims it again
+        assert store.claim_job(session, job_ids[0]).attempts == 2
+    batch, _ = load(session_factory, batch_id)
+    assert batch.status == BatchStatus.IN_PROGRESS and batch.started_at is not None
+
+
+def test_claim_of_unknown_job_is_none(session_factory):
+    with session_factory.begin() as session:
+        assert store.claim_job(session, uuid.uuid4()) is None
+
+
+def test_same_job_recorded_twice_leaves_one_row(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_ids[0])
+    for _ in range(2):
+        with session_factory.begin() as session:
+            store.record_result(session, job, ok("first"))
+    with session_factory() as session:
+        rows = session.scalars(select(Job).where(Job.id == job_ids[0])).all()
+    assert len(rows) == 1
+    assert (rows[0].status, rows[0].output_text, rows[0].num_completion_tokens) == (
+        JobStatus.SUCCEEDED, "first", 2)
+    batch, _ = load(session_factory, batch_id)
+    assert (batch.num_succeeded, batch.num_failed) == (1, 0)
+
+
+def test_redelivered_succeeded_job_is_not_run_again(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    assert run(session_factory, job_ids[0], ok("first")) is True
+    assert run(session_factory, job_ids[0], ok("second")) is None
+    _, jobs = load(session_factory, batch_id)
+    assert (jobs[0].output_text, jobs[0].attempts) == ("first", 1)
+
+
+def test_late_failure_never_overwrites_success(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_ids[0])
+    with session_factory.begin() as session:
+        assert store.record_result(session, job, ok("kept")) is True
+    with session_factory.begin() as session:
+        assert store.record_result(session, job, JobResult.failure("late: worker lost")) is False
+    _, jobs = load(session_factory, batch_id)
+    assert (jobs[0].status, jobs[0].output_text, jobs[0].error) == (JobStatus.SUCCEEDED, "kept", None)
+    batch, _ = load(session_factory, batch_id)
+    assert (batch.num_succeeded, batch.num_failed) == (1, 0)
+
+
+def test_success_after_failure_replaces_it_and_recounts(session_factory):
+    batch_id, job_ids = make_batch(session_factory, num_jobs=1)
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_ids[0])
+    with session_factory.begin() as session:
+        store.record_result(session, job, JobResult.failure("ValueError: boom"))
+    batch, _ = load(session_factory, batch_id)
+    assert (batch.status, batch.num_failed) == (BatchStatus.FAILED, 1)
+    with session_factory.begin() as session:
+        assert store.record_result(session, job, ok()) is True
+    batch, jobs = load(session_factory, batch_id)
+    assert (jobs[0].status, jobs[0].error) == (JobStatus.SUCCEEDED, None)
+    assert (batch.num_succeeded, batch.num_failed) == (1, 0)
+
+
+def test_batch_lifecycle_and_counts(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    run(session_factory, job_ids[0], ok())
+    batch, _ = load(session_factory, batch_id)
+    assert (batch.status, batch.num_succeeded, batch.finished_at) == (BatchStatus.IN_PROGRESS, 1, None)
+    run(session_factory, job_ids[1], JobResult.failure("ValueError: prompt is empty"))
+    run(session_factory, job_ids[2], ok())
+    batch, jobs = load(session_factory, batch_id)
+    assert (batch.status, batch.num_succeeded, batch.num_failed) == (BatchStatus.COMPLETED, 2, 1)
+    assert batch.finished_at is not None
+    assert jobs[1].error == "ValueError: prompt is empty" and jobs[1].output_text is None
+
+
+def test_record_rejects_non_final_status(session_factory):
+    _, job_ids = make_batch(session_factory, num_jobs=1)
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_ids[0])
+        with pytest.raises(ValueError, match="not running"):
+            store.record_result(session, job, JobResult(status=JobStatus.RUNNING))
+
+
+def test_cancel_skips_queued_jobs(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    run(session_factory, job_ids[0], ok())
+    with session_factory.begin() as session:
+        store.cancel_batch(session, batch_id)
+    assert run(session_factory, job_ids[1], ok()) is None
+    batch, jobs = load(session_factory, batch_id)
+    assert batch.status == BatchStatus.CANCELLED
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.CANCELLED]
+    assert (batch.num_succeeded, batch.num_cancelled) == (1, 2)
+
+
+def test_enrichment_rows_merge_category_and_description(session_factory):
+    requests = [
+        ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="7/category",
+                        metadata={"product_id": 7}),
+        GenerateRequest(prompt="p", custom_id="7/description", metadata={"product_id": 7}),
+        GenerateRequest(prompt="p", custom_id="plain"),
+    ]
+    with session_factory.begin() as session:
+        batch, jobs = store.create_batch(session, requests, model="tiny")
+    run(session_factory, jobs[0].id, JobResult(status=JobStatus.SUCCEEDED, label="Soap",
+                                               label_probs={"Tea": 0.25, "Soap": 0.75}))
+    run(session_factory, jobs[1].id, ok("A fine soap."))
+    run(session_factory, jobs[2].id, ok())
+    with session_factory() as session:
+        rows = session.scalars(select(ProductEnrichment).where(ProductEnrichment.source_batch_id == batch.id)).all()
+    assert [(r.product_id, r.category, r.category_confidence, r.description, r.model) for r in rows] == [
+        ("7", "Soap", 0.75, "A fine soap.", "tiny")
+    ]
+
+
+def test_concurrent_results_keep_exact_counts(session_factory):
+    num_jobs = 24
+    batch_id, job_ids = make_batch(session_factory, num_jobs=num_jobs)
+    errors = []
+
+    def finish(ids):
+        try:
+            for i in ids:
+                run(session_factory, i, ok() if i.int % 3 else JobResult.failure("x"))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=finish, args=(job_ids[k::6],)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    batch, jobs = load(session_factory, batch_id)
+    num_failed = sum(1 for i in job_ids if i.int % 3 == 0)
+    assert (batch.num_succeeded, batch.num_failed) == (num_jobs - num_failed, num_failed)
+    assert batch.status == (BatchStatus.FAILED if num_failed == num_jobs else BatchStatus.COMPLETED)
+    assert all(j.attempts == 1 for j in jobs)
