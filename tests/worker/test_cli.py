@@ -1,0 +1,82 @@
+"""The ``weir`` command line, run as a subprocess like a user would."""
+
+import csv
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+import migrations
+from tests.jobs import support
+from tests.worker.conftest import REPO_ROOT
+
+
+def weir(*args, env_overrides=None, cwd=REPO_ROOT, timeout_s=120):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_overrides or {})
+    return subprocess.run([sys.executable, "-m", "weir", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_worker_without_broker_exits_with_a_clear_message():
+    done = weir("worker")
+    assert done.returncode == 2
+    assert "WEIR_BROKER_URL is not set" in done.stderr
+
+
+def test_worker_refuses_an_unmigrated_database(redis_url):
+    # A SQLite file would be migrated on the spot; a shared Postgres database is only checked.
+    with support.fresh_postgres_database() as url:
+        migrations.downgrade(url, "base")
+        done = weir("worker", env_overrides={"WEIR_BROKER_URL": redis_url, "WEIR_DATABASE_URL": url})
+    assert done.returncode == 2
+    assert "database is at revision None" in done.stderr and "run `weir db upgrade`" in done.stderr
+
+
+def test_db_upgrade_and_downgrade(tmp_path):
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    up = weir("db", "upgrade", env_overrides={"WEIR_DATABASE_URL": url})
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.strip() == f"database at revision {migrations.head_revision()}"
+    down = weir("db", "downgrade", "base", env_overrides={"WEIR_DATABASE_URL": url})
+    assert (down.returncode, down.stdout.strip()) == (0, "database at revision None")
+
+
+def test_enrich_missing_column(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product\n1,Tea\n")
+    done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert done.returncode == 2
+    assert "no column 'brand', 'category', 'description'; header is ['index', 'product']" in done.stderr
+
+
+@pytest.mark.integration
+def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
+    catalog = tmp_path / "catalog.csv"
+    with open(catalog, "w", newline="", encoding="utf-8") as f:
+        rows = csv.writer(f, lineterminator="\r\n")
+        rows.writerow(["index", "product", "category", "brand", "description"])
+        rows.writerow(["1", "Green Tea", "Beverages", "Leafy ", "A tea.\nTwo lines."])
+        rows.writerow(["2", "Soap Bar", "Beauty & Hygiene", "Clean", ""])
+        rows.writerow(["3", "Rice", "Foodgrains, Oil & Masala", "Grain", "Long grain."])
+    done = weir(
+        "enrich", str(catalog), "--limit", "2",
+        cwd=str(tmp_path),
+        env_overrides={"WEIR_MODEL": tiny_model_dir, "WEIR_DEVICE": "cpu", "WEIR_MAX_NUM_SEQS": "4",
+                       "WEIR_CPU_KV_CACHE_BYTES": str(8 << 20)},
+        timeout_s=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no WEIR_BROKER_URL, running an in-process worker" in done.stderr
+    assert "jobs:                4 succeeded, 0 failed" in done.stdout
+    assert "category accuracy:" in done.stdout and "over 2 products" in done.stdout
+    with sqlite3.connect(tmp_path / "weir.db") as db:
+        rows = db.execute(
+            "SELECT product_id, category IS NOT NULL, description IS NOT NULL FROM product_enrichment "
+            "ORDER BY product_id").fetchall()
+        batch = db.execute("SELECT status, num_jobs, num_succeeded FROM batches").fetchall()
+    assert rows == [("1", 1, 1), ("2", 1, 1)]
+    assert batch == [("completed", 4, 4)]

@@ -1,0 +1,93 @@
+"""A real ``weir worker`` process against real Redis and Postgres, with a tiny random-weight model."""
+
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from jobs.client import Client
+from jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
+from jobs.model_info import PromptChecker, load_tokenizer
+from jobs.schemas import ClassifyRequest, GenerateRequest
+from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(worker_env):
+    settings = Settings(
+        engine=EngineSettings(model=worker_env["WEIR_MODEL"]),
+        worker=WorkerSettings(broker_url=worker_env["WEIR_BROKER_URL"], queue=worker_env["WEIR_QUEUE"]),
+        database=DatabaseSettings(database_url=worker_env["WEIR_DATABASE_URL"]),
+    )
+    client = Client(settings)
+    yield client
+    client.close()
+
+
+def test_failed_job_is_recorded_and_the_worker_goes_on(start_worker, client, worker_env):
+    worker = start_worker()
+    # This producer believes the model takes 100k tokens, so the worker's engine is the one to refuse.
+    client.prompt_checker = PromptChecker(load_tokenizer(worker_env["WEIR_MODEL"]), 100_000)
+    requests = [GenerateRequest(prompt=f"Item {i}", custom_id=f"gen-{i}", temperature=0, max_tokens=4)
+                for i in range(4)]
+    requests.append(GenerateRequest(prompt="word " * 600, custom_id="too-long", max_tokens=4))
+    requests.append(ClassifyRequest(prompt="Product: Tea", system_prompt="Pick one.", labels=["Tea", "Soap"],
+                                    custom_id="cls", metadata={"product_id": "p-1"}))
+    batch_id = client.enqueue_batch(requests)
+
+    final = client.wait(batch_id, timeout_s=120)
+
+    results = {r["custom_id"]: r for r in client.results(batch_id)}
+    assert (final.status, final.num_succeeded, final.num_failed) == (BatchStatus.COMPLETED, 5, 1)
+    failed = results["too-long"]
+    assert failed["status"] == "failed" and failed["output_text"] is None
+    assert failed["error"].startswith("ValueError: prompt has") and "max_model_len=512" in failed["error"]
+    for i in range(4):
+        row = results[f"gen-{i}"]
+        assert row["status"] == "succeeded" and row["attempts"] == 1
+        assert 1 <= row["num_completion_tokens"] <= 4 and row["finish_reason"] in ("stop", "length")
+    cls = results["cls"]
+    assert cls["label"] in ("Tea", "Soap") and sum(cls["label_probs"].values()) == pytest.approx(1.0)
+    with client.session_factory() as session:
+        enrichment = session.get(ProductEnrichment, "p-1")
+    assert (enrichment.category, enrichment.source_batch_id) == (cls["label"], batch_id)
+    assert enrichment.category_confidence == pytest.approx(cls["label_probs"][cls["label"]])
+
+    assert worker.is_alive()
+    again = client.enqueue_generate("Still there?", max_tokens=2)
+    assert client.wait(again.batch_id, timeout_s=60).status == BatchStatus.COMPLETED
+    assert worker.terminate() == 0
+
+
+def test_sigterm_mid_batch_then_restart_runs_every_job_once(start_worker, client):
+    num_jobs = 40
+    worker = start_worker(WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    batch_id = client.enqueue_batch(
+        [GenerateRequest(prompt=f"Product number {i}", temperature=0, max_tokens=48) for i in range(num_jobs)]
+    )
+    while client.batch_status(batch_id).num_succeeded < 4:
+        assert worker.is_alive()
+        time.sleep(0.05)
+    assert worker.terminate() == 0
+
+    stopped = client.batch_status(batch_id)
+    statuses = [r["status"] for r in client.results(batch_id)]
+    assert 4 <= stopped.num_succeeded < num_jobs, "the batch must be cut in the middle"
+    # Warm shutdown: tasks that had started finished; the rest were never claimed.
+    assert set(statuses) == {"succeeded", "queued"}
+
+    start_worker()
+    final = client.wait(batch_id, timeout_s=180)
+
+    assert (final.status, final.num_succeeded, final.num_failed) == (BatchStatus.COMPLETED, num_jobs, 0)
+    with client.session_factory() as session:
+        rows = session.execute(
+            select(Job.custom_id, func.count(), func.max(Job.attempts))
+            .where(Job.batch_id == batch_id, Job.status == JobStatus.SUCCEEDED)
+            .group_by(Job.custom_id)
+        ).all()
+    assert sorted(custom_id for custom_id, _, _ in rows) == sorted(str(i) for i in range(num_jobs))
+    assert all(count == 1 for _, count, _ in rows)
+    assert all(attempts == 1 for _, _, attempts in rows)
