@@ -91,3 +91,33 @@ def test_sigterm_mid_batch_then_restart_runs_every_job_once(start_worker, client
     assert sorted(custom_id for custom_id, _, _ in rows) == sorted(str(i) for i in range(num_jobs))
     assert all(count == 1 for _, count, _ in rows)
     assert all(attempts == 1 for _, _, attempts in rows)
+
+
+def test_nightly_enrichment_task_enqueues_a_catalog_batch(start_worker, client, tmp_path):
+    from jobs import names
+    from jobs.db import Batch
+
+    catalog = tmp_path / "catalog.csv"
+    catalog.write_text(
+        "index,product,category,brand,description\r\n"
+        "1,Green Tea,Beverages,Leafy,A tea.\r\n"
+        "2,Soap Bar,Beauty & Hygiene,Clean,\r\n",
+        encoding="utf-8",
+    )
+    start_worker()
+    client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog)], queue=client.queue)
+
+    deadline = time.monotonic() + 60
+    batch = None
+    while batch is None and time.monotonic() < deadline:
+        with client.session_factory() as session:
+            batch = session.scalars(select(Batch).where(Batch.meta["catalog"].as_string() == str(catalog))).first()
+        time.sleep(0.2)
+    assert batch is not None and batch.num_jobs == 4
+    final = client.wait(batch.id, timeout_s=120)
+    assert (final.status, final.num_succeeded) == (BatchStatus.COMPLETED, 4)
+    with client.session_factory() as session:
+        products = session.scalars(
+            select(ProductEnrichment.product_id).where(ProductEnrichment.source_batch_id == batch.id)
+            .order_by(ProductEnrichment.product_id)).all()
+    assert products == ["1", "2"]
