@@ -41,14 +41,14 @@ class AttentionMetadata:
     Attributes:
         slot_mapping: ``[num_tokens]`` int64, where each new token's key/value is written.
         num_decode_tokens: the first ``num_decode_tokens`` tokens are decodes, one per request.
-        decode_context_slots: ``[num_decodes, max_context_len]`` int64 slots (padding: 0).
+        decode_block_tables: ``[num_decodes, max_num_blocks]`` int64 block ids (padding: 0).
         decode_context_mask: ``[num_decodes, 1, 1, max_context_len]`` bool, True where valid.
         prefills: the prefill chunks, in packed order after the decodes.
     """
 
     slot_mapping: torch.Tensor
     num_decode_tokens: int = 0
-    decode_context_slots: torch.Tensor | None = None
+    decode_block_tables: torch.Tensor | None = None
     decode_context_mask: torch.Tensor | None = None
     prefills: list[PrefillSeq] = field(default_factory=list)
 
@@ -94,9 +94,12 @@ def paged_attention(
     nd = meta.num_decode_tokens
     if nd:
         # q: [num_decodes, num_heads, 1, head_dim]; k/v: [num_decodes, kvh, max_ctx, head_dim]
+        # whole blocks are gathered (one index per block, not per token), then cut to max_ctx
         q = query[:nd].unsqueeze(2)
-        k = flat_k[meta.decode_context_slots].transpose(1, 2)
-        v = flat_v[meta.decode_context_slots].transpose(1, 2)
+        bt = meta.decode_block_tables
+        max_ctx = meta.decode_context_mask.shape[-1]
+        k = key_cache[bt].view(nd, -1, kvh, head_dim)[:, :max_ctx].transpose(1, 2)
+        v = value_cache[bt].view(nd, -1, kvh, head_dim)[:, :max_ctx].transpose(1, 2)
         o = F.scaled_dot_product_attention(
             q, k, v, attn_mask=meta.decode_context_mask, scale=scale, enable_gqa=kvh != num_heads
         )

@@ -74,11 +74,8 @@ class ModelRunner:
             bt = torch.tensor([s.request.block_table + [0] * (nb - len(s.request.block_table))
                                for s in decodes], dtype=torch.long, device=dev)
             max_ctx = max(ctx)
-            # slots: [num_decodes, max_ctx]
-            all_slots = (bt.unsqueeze(-1) * self.block_size
-                         + torch.arange(self.block_size, device=dev)).view(len(decodes), -1)[:, :max_ctx]
             valid = torch.arange(max_ctx, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None]
-            meta.decode_context_slots = all_slots.masked_fill(~valid, 0)
+            meta.decode_block_tables = bt
             meta.decode_context_mask = valid[:, None, None, :]
         offset = len(decodes)
         for s in prefills:
