@@ -1,0 +1,62 @@
+"""EngineFront: many threads feeding one engine step loop."""
+
+import threading
+
+import pytest
+
+from engine import EngineFront, LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return LLM(tiny_llama_dir, skip_tokenizer_init=True, num_gpu_blocks_override=64, max_num_seqs=4)
+
+
+def test_many_threads_get_the_same_tokens_as_one_batch(llm):
+    prompts = [[(7 * i + j) % 250 + 3 for j in range(5 + i)] for i in range(12)]
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    front = EngineFront(llm)
+    got = [None] * len(prompts)
+
+    def worker(i):
+        got[i] = front.submit_generate(prompts[i], GREEDY).result(timeout=60).outputs[0].token_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    front.shutdown(drain=True)
+    assert got == want
+    pool = llm.llm_engine.block_pool
+    assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_bad_request_fails_its_future_only(llm):
+    front = EngineFront(llm)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        front.submit_generate([], GREEDY)
+    ok = front.submit_generate([5, 6, 7], GREEDY)
+    assert len(ok.result(timeout=60).outputs[0].token_ids) == 6
+    front.shutdown()
+
+
+def test_shutdown_drains_submitted_work_and_refuses_new(llm):
+    front = EngineFront(llm)
+    futs = [front.submit_generate([9, 9, i + 3], GREEDY) for i in range(6)]
+    front.shutdown(drain=True)
+    assert all(len(f.result(timeout=0).outputs[0].token_ids) == 6 for f in futs)
+    with pytest.raises(RuntimeError, match="shutting down"):
+        front.submit_generate([5], GREEDY)
+
+
+def test_abort_frees_blocks(llm):
+    front = EngineFront(llm)
+    fut = front.submit_generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    front.abort(fut)
+    front.shutdown(drain=True)
+    assert fut.cancelled()
+    pool = llm.llm_engine.block_pool
+    assert pool.num_free_blocks == pool.num_blocks
