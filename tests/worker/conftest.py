@@ -36,7 +36,8 @@ def queue(redis_url):
     name = f"weir.test-{uuid.uuid4().hex[:12]}"
     yield name
     client = redis.Redis.from_url(redis_url)
-    client.delete(*([name] + [key for key in client.scan_iter(f"{name}*")]))
+    keys = [name, f"_kombu.binding.{name}", f"_kombu.binding_permanent.{name}"]
+    client.delete(*(keys + list(client.scan_iter(f"{name}*"))))
 
 
 class WorkerProcess:
