@@ -253,7 +253,8 @@ def record_enrichment(session: Session, job: Job, result: JobResult, *, model: s
 def refresh_batch(session: Session, batch_id: uuid.UUID) -> Batch:
     """Recount a batch's jobs by status and finish the batch once every job has finished.
 
-    The caller must hold the batch lock (:func:`lock_batch`). A batch whose every job failed
+    Takes the batch lock first (a no-op when the transaction already holds it, as every writer
+    here does before touching a job). A batch whose every job failed
     becomes ``failed``; otherwise ``completed``. A cancelled batch keeps its status.
     """
     batch = lock_batch(session, batch_id)

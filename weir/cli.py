@@ -110,31 +110,29 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         client.prompt_checker  # load the tokenizer before the clock starts
         started = time.monotonic()
         batch_id = enqueue_catalog(client, catalog)
-        print(f"batch {batch_id}: {2 * len(catalog.products)} jobs on queue {client.queue}", file=sys.stderr)
-        with tqdm(total=2 * len(catalog.products), unit="job", desc="enrich") as bar:
-            final = client.wait(batch_id, args.timeout_s, progress=bar)
+        num_jobs = 2 * len(catalog.products)
+        print(f"batch {batch_id}: {num_jobs} jobs on queue {client.queue}", file=sys.stderr)
+        try:
+            with tqdm(total=num_jobs, unit="job", desc="enrich") as bar:
+                final = client.wait(batch_id, args.timeout_s, progress=bar)
+        except TimeoutError as exc:
+            print(f"weir enrich: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         summary = summarize(catalog, client.results(batch_id), time.monotonic() - started)
         print(summary.format())
         return EXIT_OK if final.num_failed == 0 else EXIT_FAILED
 
+    problem = _ensure_schema(settings)
+    if problem:
+        print(f"weir enrich: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if settings.worker.broker_url:
-        problem = _ensure_schema(settings)
-        if problem:
-            print(f"weir enrich: {problem}", file=sys.stderr)
-            return EXIT_USAGE
         client = Client(settings)
         try:
             return run(client)
         finally:
             client.close()
 
-    if settings.database.database_url:
-        problem = _ensure_schema(settings)
-        if problem:
-            print(f"weir enrich: {problem}", file=sys.stderr)
-            return EXIT_USAGE
-    else:
-        _ensure_schema(settings)
     print(
         f"weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in "
         f"{settings.database.url()}",
