@@ -1,4 +1,4 @@
-"""Helpers for tests that need a real results database (what ``celery.contrib.testing`` is to Celery)."""
+"""Test support for code that needs a real results database (as ``celery.contrib.testing`` is to Celery)."""
 
 from __future__ import annotations
 

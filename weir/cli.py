@@ -51,6 +51,7 @@ def _ensure_schema(settings: Settings) -> Optional[str]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    """Run a Celery worker (threads pool) on the model's queue until a shutdown signal."""
     settings = get_settings()
     if not settings.worker.broker_url:
         print(
@@ -84,6 +85,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_enrich(args: argparse.Namespace) -> int:
+    """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
     from tqdm import tqdm
 
     from jobs.catalog import CatalogColumns, enqueue_catalog, read_catalog, summarize
@@ -152,6 +154,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
+    """Run Alembic migrations on ``WEIR_DATABASE_URL`` (or the local SQLite file)."""
     import migrations
 
     url = get_settings().database.url()
@@ -164,6 +167,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(argv: Sequence[str]) -> int:
+    """Hand the remaining arguments to ``bench.run:main``."""
     from bench.run import main as bench_main
 
     return bench_main(list(argv)) or EXIT_OK

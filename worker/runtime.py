@@ -13,7 +13,7 @@ import threading
 from typing import Optional
 
 from jobs.db import Job, JobKind, JobStatus, make_engine, make_session_factory
-from jobs.schemas import ClassifyRequest, parse_request
+from jobs.schemas import ClassifyRequest, GenerateRequest, parse_request
 from jobs.store import JobResult
 from weir.config import Settings, get_settings
 
@@ -85,7 +85,7 @@ class WorkerRuntime:
             logger.warning("job %s failed: %s: %s", job.id, type(exc).__name__, exc)
             return JobResult.failure(f"{type(exc).__name__}: {exc}")
 
-    def _generate(self, request) -> JobResult:
+    def _generate(self, request: GenerateRequest) -> JobResult:
         from engine import SamplingParams
 
         params = SamplingParams(**request.sampling_fields())

@@ -134,7 +134,7 @@ def test_no_broker_is_refused_before_storing(postgres_url, tiny_model_dir):
     client.close()
 
 
-def test_single_job_helpers_return_refs(client, celery_app, queue):
+def test_single_job_enqueue_returns_refs(client, celery_app, queue):
     ref = client.enqueue_generate("Hi", max_tokens=3, temperature=0)
     cls = client.enqueue_classify("Tea?", ["yes", "no"])
     assert [j.id for j in client.jobs(ref.batch_id)] == [ref.job_id]
