@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from engine.llm import LLM, PromptType
+from engine.outputs import calibrate
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class EngineFront:
         self._inbox: deque[tuple[Callable[[], str], Future]] = deque()
         self._aborts: deque[str] = deque()
         self._futures: dict[str, Future] = {}
+        self._priors: dict[tuple, Future] = {}
         self._stopping = False
         self._drain = True
         self._ids = itertools.count()
@@ -67,18 +69,45 @@ class EngineFront:
         text = prompt if isinstance(prompt, str) else None
         return self._submit(lambda rid: self._engine.add_request(ids, params, rid, text), "gen")
 
-    def submit_classify(self, prompt: PromptType, labels: list[str]) -> Future:
-        """Queue choice scoring of ``labels``; the future gives a ``ClassificationOutput``.
+    def submit_classify(self, prompt: PromptType, labels: list[str], label_texts: list[str] | None = None,
+                        calibration_prompt: PromptType | None = None) -> Future:
+        """Queue choice scoring of ``labels`` (arguments as in ``LLM.classify``); the future gives
+        a ``ClassificationOutput``. A calibration prior is computed once per (calibration prompt,
+        label set) and reused by every later request with the same pair.
 
         Raises:
             ValueError: empty labels, empty or too long prompt (raised here).
         """
-        if not labels:
-            raise ValueError("labels is empty")
         with self._tok_lock:
             ids = self.llm.encode_prompt(prompt)
-            label_ids = [self.llm.encode_label(lab) for lab in labels]
-        return self._submit(lambda rid: self._engine.add_classification(ids, labels, label_ids, rid), "cls")
+            label_ids = self.llm.encode_labels(labels, label_texts)
+            cal_ids = None if calibration_prompt is None else self.llm.encode_prompt(calibration_prompt)
+        fut = self._submit(lambda rid: self._engine.add_classification(ids, labels, label_ids, rid), "cls")
+        if cal_ids is None:
+            return fut
+        key = (tuple(cal_ids), tuple(labels), tuple(map(tuple, label_ids)))
+        with self._cv:
+            prior = self._priors.get(key)
+        if prior is None or (prior.done() and prior.exception() is not None):
+            prior = self._submit(lambda rid: self._engine.add_classification(cal_ids, labels, label_ids, rid), "cal")
+            with self._cv:
+                self._priors[key] = prior
+        out: Future = Future()
+        out.request_id = fut.request_id
+        once = threading.Lock()
+
+        def combine(_):
+            with once:
+                if out.done() or not (prior.done() and fut.done()):
+                    return
+                try:
+                    out.set_result(calibrate(fut.result(), prior.result()))
+                except Exception as e:  # the request's or the prior's error, or a cancel
+                    out.set_exception(e)
+
+        fut.add_done_callback(combine)
+        prior.add_done_callback(combine)
+        return out
 
     def abort(self, future: Future) -> None:
         """Abort a submitted request: its blocks are freed and its future is cancelled."""

@@ -7,7 +7,7 @@ from typing import Optional, Sequence, Union
 
 from engine.engine_args import EngineArgs
 from engine.llm_engine import LLMEngine
-from engine.outputs import ClassificationOutput, RequestOutput
+from engine.outputs import ClassificationOutput, RequestOutput, calibrate
 from engine.sampling_params import SamplingParams
 
 PromptType = Union[str, list[int], list[dict]]
@@ -126,9 +126,33 @@ class LLM:
             messages = [messages]
         return self.generate(list(messages), sampling_params)
 
+    def encode_labels(self, labels: list[str], label_texts: Optional[list[str]] = None) -> list[list[int]]:
+        """Token ids scored for each label: ``label_texts[i]`` exactly as given when set (no EOS
+        added), else the label followed by EOS (:meth:`encode_label`).
+
+        Raises:
+            ValueError: empty label list, or ``label_texts`` of another length.
+        """
+        if not labels:
+            raise ValueError("labels is empty")
+        if label_texts is None:
+            return [self.encode_label(lab) for lab in labels]
+        if len(label_texts) != len(labels):
+            raise ValueError(f"label_texts has {len(label_texts)} entries for {len(labels)} labels")
+        tok = self._require_tokenizer()
+        return [tok(t, add_special_tokens=False).input_ids for t in label_texts]
+
     def classify(self, prompts: Union[PromptType, Sequence[PromptType]], labels: list[str],
-                 ) -> list[ClassificationOutput]:
+                 label_texts: Optional[list[str]] = None,
+                 calibration_prompt: Optional[PromptType] = None) -> list[ClassificationOutput]:
         """Score every label as a continuation of each prompt (choice scoring).
+
+        Args:
+            prompts: one prompt or a list (strings, token ids, chat messages).
+            labels: the label names returned.
+            label_texts: what is scored for each label (default: label + EOS).
+            calibration_prompt: a content-free prompt in the same format (``"N/A"`` in place of
+                the input); when given, scores are calibrated against it (:func:`engine.outputs.calibrate`).
 
         Returns:
             One :class:`ClassificationOutput` per prompt: the best label and every label's
@@ -137,14 +161,17 @@ class LLM:
         Raises:
             ValueError: empty label list, empty or too long prompt.
         """
-        if not labels:
-            raise ValueError("labels is empty")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
             prompts = [prompts]
-        label_ids = [self.encode_label(lab) for lab in labels]
+        label_ids = self.encode_labels(labels, label_texts)
         encoded = [self.encode_prompt(p) for p in prompts]
+        prior = None
+        if calibration_prompt is not None:
+            cal = self.encode_prompt(calibration_prompt)
+            prior = self._run([self.llm_engine.add_classification(cal, labels, label_ids)])[0]
         ids = [self.llm_engine.add_classification(e, labels, label_ids) for e in encoded]
-        return self._run(ids)
+        outs = self._run(ids)
+        return [calibrate(o, prior) for o in outs] if prior is not None else outs
 
     def abort(self, request_id: str) -> bool:
         return self.llm_engine.abort(request_id)

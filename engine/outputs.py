@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -74,3 +75,26 @@ class ClassificationOutput:
     num_cached_tokens: int
     num_label_tokens: int
     request_id: str = ""
+
+
+def calibrate(output: ClassificationOutput, prior: ClassificationOutput) -> ClassificationOutput:
+    """Contextual calibration (Zhao et al. 2021, "Calibrate Before Use"): subtract each label's
+    log-probability under a content-free prompt (``prior``) from its score, then renormalize.
+
+    Small models favour some answers whatever the input; dividing by that prior removes the bias.
+
+    Returns:
+        A new output whose ``logprobs`` are the calibrated scores (nats) and ``probs`` their softmax.
+
+    Raises:
+        ValueError: the two outputs score different label sets.
+    """
+    if list(output.logprobs) != list(prior.logprobs):
+        raise ValueError("calibration prior scores a different label set")
+    scores = {lab: output.logprobs[lab] - prior.logprobs[lab] for lab in output.logprobs}
+    m = max(scores.values())
+    z = sum(math.exp(v - m) for v in scores.values())
+    probs = {lab: math.exp(v - m) / z for lab, v in scores.items()}
+    best = max(scores, key=scores.get)
+    return ClassificationOutput(best, probs, scores, output.num_prompt_tokens, output.num_cached_tokens,
+                                output.num_label_tokens, output.request_id)

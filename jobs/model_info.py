@@ -166,7 +166,11 @@ class PromptChecker:
                 f"{self.max_model_len} leaves no room for output"
             )
         if isinstance(request, ClassifyRequest):
-            longest = num_prompt_tokens + max(self.num_label_tokens(label) for label in request.labels)
+            if request.label_texts is not None:
+                label_lens = [len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in request.label_texts]
+            else:
+                label_lens = [self.num_label_tokens(label) for label in request.labels]
+            longest = num_prompt_tokens + max(label_lens)
             if longest > self.max_model_len:
                 raise PromptTooLongError(
                     f"prompt plus longest label of request {name} has {longest} tokens, more than "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 MAX_CUSTOM_ID_CHARS = 256
 
@@ -103,10 +103,31 @@ class ClassifyRequest(_JobRequest):
     """Pick the label the model finds most likely as a continuation of ``prompt``.
 
     ``labels`` must be non-empty, each label non-blank, no label repeated.
+    ``label_texts`` (optional, one per label) is the text scored for each label instead of the
+    label itself followed by EOS. ``calibration_prompt`` (optional) is a content-free prompt in the
+    same form as ``prompt`` (``"N/A"`` in place of the input): scores are then calibrated against
+    it (Zhao et al. 2021), which removes a small model's bias toward some answers.
     """
 
     kind: Literal["classify"] = "classify"
     labels: list[str] = Field(min_length=1)
+    label_texts: Optional[list[str]] = None
+    calibration_prompt: Optional[Prompt] = None
+
+    @model_validator(mode="after")
+    def _label_texts_match(self) -> "ClassifyRequest":
+        if self.label_texts is not None:
+            if len(self.label_texts) != len(self.labels):
+                raise ValueError(f"label_texts has {len(self.label_texts)} entries for {len(self.labels)} labels")
+            if any(not t.strip() for t in self.label_texts):
+                raise ValueError("label_texts must not be blank")
+        return self
+
+    def engine_calibration_prompt(self) -> Union[str, list[dict[str, str]], None]:
+        """``calibration_prompt`` rendered like :meth:`engine_prompt` (same system prompt)."""
+        if self.calibration_prompt is None:
+            return None
+        return self.model_copy(update={"prompt": self.calibration_prompt}).engine_prompt()
 
     @field_validator("labels")
     @classmethod

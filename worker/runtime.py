@@ -101,7 +101,9 @@ class WorkerRuntime:
         )
 
     def _classify(self, request: ClassifyRequest) -> JobResult:
-        output = self.front.submit_classify(request.engine_prompt(), request.labels).result()
+        output = self.front.submit_classify(
+            request.engine_prompt(), request.labels, request.label_texts, request.engine_calibration_prompt()
+        ).result()
         return JobResult(
             status=JobStatus.SUCCEEDED,
             label=output.label,

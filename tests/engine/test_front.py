@@ -60,3 +60,31 @@ def test_abort_frees_blocks(llm):
     assert fut.cancelled()
     pool = llm.llm_engine.block_pool
     assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_calibrated_classify_matches_offline_and_reuses_the_prior(llm):
+    from engine.outputs import calibrate
+
+    eng = llm.llm_engine
+    labels = ["x", "y", "z"]
+    label_ids = [[10, 11], [12], [13, 14, 15]]
+    llm.encode_labels = lambda labs, texts=None: label_ids  # no tokenizer in this tiny model
+    try:
+        def run(prompt):
+            rid = eng.add_classification(prompt, labels, label_ids)
+            return llm._run([rid])[0]
+
+        prior, raw = run([4, 4, 4]), run([7, 8, 9, 10])
+        want = calibrate(raw, prior)
+        assert want.logprobs == {lab: raw.logprobs[lab] - prior.logprobs[lab] for lab in labels}
+        front = EngineFront(llm)
+        got = [front.submit_classify([7, 8, 9, 10], labels, calibration_prompt=[4, 4, 4]).result(timeout=60)
+               for _ in range(2)]
+        assert len(front._priors) == 1
+        front.shutdown()
+    finally:
+        del llm.encode_labels
+    for g in got:
+        assert g.label == want.label
+        assert g.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+        assert sum(g.probs.values()) == pytest.approx(1.0)

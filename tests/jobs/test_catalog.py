@@ -5,7 +5,7 @@ import os
 import pytest
 
 from jobs.catalog import (
-    DESCRIBE_SYSTEM_PROMPT, Catalog, CatalogColumns, Product, classify_system_prompt,
+    CLASSIFY_HEADER, DESCRIBE_SYSTEM_PROMPT, Catalog, CatalogColumns, Product,
     product_requests, read_catalog, summarize,
 )
 from jobs.model_info import PromptChecker
@@ -16,6 +16,8 @@ LABELS = [
     "Eggs, Meat & Fish", "Foodgrains, Oil & Masala", "Fruits & Vegetables", "Gourmet & World Food",
     "Kitchen, Garden & Pets", "Snacks & Branded Foods",
 ]
+
+BEVERAGE_HINTS = ["Tea", "Fruit Juices & Drinks"]  # the two commonest Beverages sub-categories
 
 needs_bigbasket = pytest.mark.skipif(not os.path.exists(BIGBASKET), reason="../shared/data not present")
 
@@ -30,6 +32,7 @@ def test_reads_the_real_catalog():
         "1", "Garlic Oil - Vegetarian Capsule 500 mg", "Sri Sri Ayurveda", "Beauty & Hygiene")
     assert not any(p.brand != p.brand.strip() for p in catalog.products)
     assert sum(1 for p in catalog.products if not p.description) == 25
+    assert catalog.label_hints["Beverages"][:2] == BEVERAGE_HINTS
 
 
 @needs_bigbasket
@@ -63,14 +66,16 @@ def test_missing_column_is_named(tmp_path):
         read_catalog(str(path))
 
 
-def test_two_jobs_per_product_with_fixed_system_prompts():
+def test_two_jobs_per_product_with_fixed_prompts():
     product = Product("42", "Green Tea", "Leafy", "Beverages", "x" * 400)
-    classify, describe = product_requests(product, ["Beverages", "Snacks"])
+    hints = {"Beverages": ["Tea", "Coffee"]}
+    classify, describe = product_requests(product, ["Beverages", "Snacks"], hints)
     assert classify.custom_id == "42/category" and describe.custom_id == "42/description"
     assert classify.labels == ["Beverages", "Snacks"]
-    assert classify.prompt == "Product: Green Tea\nBrand: Leafy\nDescription: " + "x" * 300
-    assert classify.system_prompt == classify_system_prompt(["Beverages", "Snacks"])
-    assert "Beverages; Snacks" in classify.system_prompt
+    assert classify.prompt == CLASSIFY_HEADER + "Product: Green Tea\nCategory:"
+    assert classify.system_prompt is None
+    assert classify.label_texts == [" Beverages (Tea, Coffee)\n", " Snacks\n"]
+    assert classify.engine_calibration_prompt() == CLASSIFY_HEADER + "Product: N/A\nCategory:"
     assert describe.prompt == "Product: Green Tea\nBrand: Leafy"
     assert describe.system_prompt == DESCRIBE_SYSTEM_PROMPT
     assert (describe.temperature, describe.max_tokens) == (0.0, 64)
