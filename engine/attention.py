@@ -93,17 +93,17 @@ def paged_attention(
     flat_v = value_cache.view(-1, kvh, head_dim)
     nd = meta.num_decode_tokens
     if nd:
-        # q: [num_decodes, num_heads, 1, head_dim]; k/v: [num_decodes, kvh, max_ctx, head_dim]
-        # whole blocks are gathered (one index per block, not per token), then cut to max_ctx
-        q = query[:nd].unsqueeze(2)
+        # whole blocks are gathered (one index per block, not per token), then cut to max_ctx.
+        # The query heads sharing a KV head ride in SDPA's query-length axis, so GQA needs no
+        # copy of the keys/values per query head.
+        # q: [num_decodes, num_kv_heads, heads_per_kv, head_dim]; k/v: [num_decodes, kvh, max_ctx, head_dim]
+        q = query[:nd].view(nd, kvh, num_heads // kvh, head_dim)
         bt = meta.decode_block_tables
         max_ctx = meta.decode_context_mask.shape[-1]
         k = key_cache[bt].view(nd, -1, kvh, head_dim)[:, :max_ctx].transpose(1, 2)
         v = value_cache[bt].view(nd, -1, kvh, head_dim)[:, :max_ctx].transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=meta.decode_context_mask, scale=scale, enable_gqa=kvh != num_heads
-        )
-        out[:nd] = o.squeeze(2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_context_mask, scale=scale)
+        out[:nd] = o.reshape(nd, num_heads, head_dim)
     for p in meta.prefills:
         s, n = p.query_start, p.query_len
         # q: [1, num_heads, n, head_dim]
