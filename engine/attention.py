@@ -1,7 +1,9 @@
 """Attention over the paged KV cache: metadata for one step and the torch reference path.
 
-The KV cache of one layer is ``[num_blocks, block_size, num_kv_heads, head_dim]``. A token's
-*slot* is ``block_id * block_size + offset``; a request's context is read through its block table.
+The KV cache of one layer is ``[num_kv_heads, num_blocks, block_size, head_dim]`` (head-major, so
+that a request's gathered context is ``[num_kv_heads, context_len, head_dim]`` with each head
+contiguous: attention reads it without a transpose copy). A token's *slot* is
+``block_id * block_size + offset``; a request's context is read through its block table.
 
 The tokens of one step are packed: all decode tokens first (one query token per request), then
 the prefill chunks one request after another (any number of new tokens, attending causally to
@@ -61,12 +63,12 @@ def write_kv_cache(
 
     Args:
         key, value: ``[num_tokens, num_kv_heads, head_dim]``.
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        key_cache, value_cache: ``[num_kv_heads, num_blocks, block_size, head_dim]``.
         slot_mapping: ``[num_tokens]`` int64 slot per token.
     """
     kvh, hd = key.shape[1], key.shape[2]
-    key_cache.view(-1, kvh, hd).index_copy_(0, slot_mapping, key)
-    value_cache.view(-1, kvh, hd).index_copy_(0, slot_mapping, value)
+    key_cache.view(kvh, -1, hd).index_copy_(1, slot_mapping, key.transpose(0, 1))
+    value_cache.view(kvh, -1, hd).index_copy_(1, slot_mapping, value.transpose(0, 1))
 
 
 def paged_attention(
@@ -79,7 +81,7 @@ def paged_attention(
         query: ``[num_tokens, num_heads, head_dim]``.
         key, value: ``[num_tokens, num_kv_heads, head_dim]`` of the new tokens (already written
             to the cache with :func:`write_kv_cache`).
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        key_cache, value_cache: ``[num_kv_heads, num_blocks, block_size, head_dim]``.
         meta: the step's :class:`AttentionMetadata`.
         scale: softmax scale, usually ``head_dim ** -0.5``.
 
@@ -89,8 +91,8 @@ def paged_attention(
     num_heads, head_dim = query.shape[1], query.shape[2]
     kvh = key.shape[1]
     out = torch.empty_like(query)
-    flat_k = key_cache.view(-1, kvh, head_dim)
-    flat_v = value_cache.view(-1, kvh, head_dim)
+    flat_k = key_cache.view(kvh, -1, head_dim)
+    flat_v = value_cache.view(kvh, -1, head_dim)
     nd = meta.num_decode_tokens
     if nd:
         # whole blocks are gathered (one index per block, not per token), then cut to max_ctx.
@@ -100,8 +102,8 @@ def paged_attention(
         q = query[:nd].view(nd, kvh, num_heads // kvh, head_dim)
         bt = meta.decode_block_tables
         max_ctx = meta.decode_context_mask.shape[-1]
-        k = key_cache[bt].view(nd, -1, kvh, head_dim)[:, :max_ctx].transpose(1, 2)
-        v = value_cache[bt].view(nd, -1, kvh, head_dim)[:, :max_ctx].transpose(1, 2)
+        k = key_cache[:, bt].view(kvh, nd, -1, head_dim)[:, :, :max_ctx].transpose(0, 1)
+        v = value_cache[:, bt].view(kvh, nd, -1, head_dim)[:, :, :max_ctx].transpose(0, 1)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_context_mask, scale=scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)
     for p in meta.prefills:
@@ -115,8 +117,9 @@ def paged_attention(
                 q, k, v, is_causal=True, scale=scale, enable_gqa=kvh != num_heads
             )
         else:
-            k = flat_k[p.context_slots].transpose(0, 1).unsqueeze(0)
-            v = flat_v[p.context_slots].transpose(0, 1).unsqueeze(0)
+            # k/v: [1, num_kv_heads, context_len, head_dim]
+            k = flat_k[:, p.context_slots].unsqueeze(0)
+            v = flat_v[:, p.context_slots].unsqueeze(0)
             # query i sits at position context_len - n + i and sees keys 0..that position
             q_pos = torch.arange(p.context_len - n, p.context_len, device=query.device)
             k_pos = torch.arange(p.context_len, device=query.device)

@@ -119,3 +119,16 @@ class BlockPool:
                 if b.block_hash is not None and self.cached.get(b.block_hash) is not b:
                     b.block_hash = None  # a duplicate of a cached block: nothing to keep
                 self.free_queue[b.block_id] = b
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (vLLM's ``reset_prefix_cache``).
+
+        Returns:
+            False, changing nothing, while any block is in use.
+        """
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for b in self.blocks:
+            b.block_hash = None
+        self.cached.clear()
+        return True

@@ -173,6 +173,10 @@ class LLM:
         outs = self._run(ids)
         return [calibrate(o, prior) for o in outs] if prior is not None else outs
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix block (for cold-cache measurements). False while requests run."""
+        return self.llm_engine.block_pool.reset_prefix_cache()
+
     def abort(self, request_id: str) -> bool:
         return self.llm_engine.abort(request_id)
 

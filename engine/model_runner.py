@@ -12,7 +12,7 @@ from engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutpu
 class ModelRunner:
     """Owns the model and the KV cache tensors.
 
-    The KV cache is one tensor ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``.
+    The KV cache is one tensor ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``.
 
     Args:
         model: a ``LlamaForCausalLM`` from ``engine.models.llama``.
@@ -27,7 +27,7 @@ class ModelRunner:
         self.block_size = block_size
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_cache = torch.zeros(
-            cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads, head_dim,
+            cfg.num_hidden_layers, 2, cfg.num_key_value_heads, num_blocks, block_size, head_dim,
             dtype=dtype, device=device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
@@ -39,7 +39,7 @@ class ModelRunner:
         return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * head_dim * elem
 
     def copy_block(self, src: int, dst: int) -> None:
-        self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
+        self.kv_cache[:, :, :, dst].copy_(self.kv_cache[:, :, :, src])
 
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size

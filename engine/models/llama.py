@@ -125,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
             input_ids: ``[num_tokens]`` int64.
             positions: ``[num_tokens]`` int64 position of each token in its request.
             kv_caches: per layer a ``(key_cache, value_cache)`` pair, each
-                ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+                ``[num_kv_heads, num_blocks, block_size, head_dim]``.
             meta: :class:`AttentionMetadata` of the step.
 
         Returns:

@@ -62,3 +62,14 @@ def test_ref_count_never_negative():
     pool.free_blocks([a])
     with pytest.raises(AssertionError, match="negative"):
         pool.free_blocks([a])
+
+
+def test_reset_prefix_cache_only_when_idle():
+    pool = BlockPool(2)
+    (a,) = pool.get_new_blocks(1)
+    h = hash_block_tokens(None, (1,))
+    pool.cache_full_block(a, h)
+    assert not pool.reset_prefix_cache()
+    pool.free_blocks([a])
+    assert pool.reset_prefix_cache()
+    assert pool.get_cached_block(h) is None and a.block_hash is None
