@@ -115,7 +115,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         num_jobs = 2 * len(catalog.products)
         print(f"batch {batch_id}: {num_jobs} jobs on queue {client.queue}", file=sys.stderr)
         try:
-            with tqdm(total=num_jobs, unit="job", desc="enrich") as bar:
+            # redraw often on a terminal, rarely into a log file
+            every_s = 0.5 if sys.stderr.isatty() else 30.0
+            with tqdm(total=num_jobs, unit="job", desc="enrich", mininterval=every_s) as bar:
                 final = client.wait(batch_id, args.timeout_s, progress=bar)
         except TimeoutError as exc:
             print(f"weir enrich: {exc}", file=sys.stderr)
