@@ -158,6 +158,8 @@ class Client:
             BrokerNotConfigured: no broker to publish to; nothing was stored.
         """
         parsed = self.validate(requests)
+        if not parsed:
+            raise ValueError("enqueue_batch needs at least one request")
         celery_app = self.celery_app
         with self.session_factory.begin() as session:
             batch, jobs = store.create_batch(session, parsed, model=self.model, metadata=metadata)

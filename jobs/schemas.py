@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 MAX_CUSTOM_ID_CHARS = 256
+MAX_PRODUCT_ID_CHARS = 64  # product_enrichment.product_id is VARCHAR(64)
+MAX_SEED = 2**63 - 1
 
 
 class ChatMessage(BaseModel):
@@ -73,6 +75,17 @@ class _JobRequest(BaseModel):
             messages.extend(m.model_dump() for m in self.prompt)
         return messages
 
+    @field_validator("metadata")
+    @classmethod
+    def _product_id_fits(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        value = metadata.get("product_id")
+        if value is not None:
+            if not isinstance(value, (str, int)) or isinstance(value, bool):
+                raise ValueError("metadata.product_id must be a string or an integer")
+            if not 0 < len(str(value)) <= MAX_PRODUCT_ID_CHARS:
+                raise ValueError(f"metadata.product_id must have 1 to {MAX_PRODUCT_ID_CHARS} characters")
+        return metadata
+
     @property
     def product_id(self) -> Optional[str]:
         """``metadata["product_id"]`` as a string, when the job enriches a catalog product."""
@@ -88,10 +101,10 @@ class GenerateRequest(_JobRequest):
     """
 
     kind: Literal["generate"] = "generate"
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(0, ge=-1)
-    seed: Optional[int] = Field(None, ge=0)
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
     max_tokens: int = Field(16, ge=1)
 
     def sampling_fields(self) -> dict[str, Any]:

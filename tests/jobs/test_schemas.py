@@ -95,3 +95,20 @@ def test_round_trip_through_stored_json():
     stored = request.model_dump(mode="json", exclude_none=True)
     assert parse_request(stored) == request
     assert parse_request(stored).product_id == "7"
+
+
+@pytest.mark.parametrize("fields, loc", [
+    ({"temperature": float("inf")}, ("temperature",)),
+    ({"temperature": float("nan")}, ("temperature",)),
+    ({"seed": 2**70}, ("seed",)),
+    ({"metadata": {"product_id": "p" * 65}}, ("metadata",)),
+    ({"metadata": {"product_id": {"nested": 1}}}, ("metadata",)),
+])
+def test_out_of_range_values_are_refused_naming_the_field(fields, loc):
+    from pydantic import ValidationError
+
+    from jobs.schemas import GenerateRequest
+
+    with pytest.raises(ValidationError) as err:
+        GenerateRequest(prompt="x", **fields)
+    assert err.value.errors()[0]["loc"] == loc
