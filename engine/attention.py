@@ -28,12 +28,16 @@ class PrefillSeq:
         context_len: tokens the request has after this step (cached prefix + chunk).
         context_slots: ``[context_len]`` int64 slots of the whole context, or None when the
             chunk is the whole context (no cached prefix: keys/values come straight from the step).
+        mask: ``[query_len, context_len]`` bool causal mask when ``context_slots`` is set: query i
+            sits at position ``context_len - query_len + i`` and sees keys up to that position.
+            Built once per step, shared by every layer.
     """
 
     query_start: int
     query_len: int
     context_len: int
     context_slots: torch.Tensor | None
+    mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -120,12 +124,8 @@ def paged_attention(
             # k/v: [1, num_kv_heads, context_len, head_dim]
             k = flat_k[:, p.context_slots].unsqueeze(0)
             v = flat_v[:, p.context_slots].unsqueeze(0)
-            # query i sits at position context_len - n + i and sees keys 0..that position
-            q_pos = torch.arange(p.context_len - n, p.context_len, device=query.device)
-            k_pos = torch.arange(p.context_len, device=query.device)
-            mask = k_pos[None, :] <= q_pos[:, None]
             o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=scale, enable_gqa=kvh != num_heads
+                q, k, v, attn_mask=p.mask, scale=scale, enable_gqa=kvh != num_heads
             )
         out[s:s + n] = o.squeeze(0).transpose(0, 1)
     return out

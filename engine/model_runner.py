@@ -81,10 +81,12 @@ class ModelRunner:
         for s in prefills:
             r = s.request
             start, n = r.num_computed_tokens, s.num_new_tokens
-            ctx_slots = None
+            ctx_slots = mask = None
             if start:
                 ctx_slots = torch.tensor(self._slots(r.block_table, 0, start + n), dtype=torch.long, device=dev)
-            prefill_meta.append(PrefillSeq(offset, n, start + n, ctx_slots))
+                q_pos = torch.arange(start, start + n, device=dev)
+                mask = torch.arange(start + n, device=dev)[None, :] <= q_pos[:, None]
+            prefill_meta.append(PrefillSeq(offset, n, start + n, ctx_slots, mask))
             offset += n
         meta.prefills = prefill_meta
 
