@@ -1,0 +1,180 @@
+"""Decode attention over a paged KV cache: one query token per request.
+
+Algorithm: PagedAttention (Kwon et al. 2023, "Efficient Memory Management for Large Language Model
+Serving with PagedAttention"): a request's keys/values live in fixed-size blocks found through its
+block table. The softmax is computed in one pass with a running maximum and sum (the online softmax
+of Milakov & Gimelshein 2018, as used by FlashAttention-2, Dao 2023), so no score vector of the
+whole context is ever materialised.
+
+One program handles one (request, KV head) pair and all the query heads that share that KV head
+(grouped-query attention): each key/value tile is loaded once for the whole group, and the group's
+queries form the rows of a ``tl.dot``. Tiles of ``BLOCK_N`` context positions may span several
+cache blocks; each position finds its block through the block table, so any power-of-two block size
+>= 8 works with the same code.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common import (
+    FLOAT_DTYPES, INDEX_DTYPES, check, check_kv_cache, check_tensor, dot, interpreting,
+)
+
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _paged_decode_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kh, stride_kb, stride_ks, stride_vh, stride_vb, stride_vs,
+    stride_bt,
+    QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    ctx_len = tl.load(context_lens_ptr + seq)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_mask = g < QUERIES_PER_KV
+    d_mask = d < HEAD_DIM
+    head = kv_head * QUERIES_PER_KV + g
+    # q: [BLOCK_G, BLOCK_D], the query heads of this KV head (rows past the group are zero)
+    q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    for start in range(0, ctx_len, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        p_mask = pos < ctx_len
+        block = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0)
+        block = block.to(tl.int64)
+        offset = pos % BLOCK_SIZE
+        kv_mask = p_mask[:, None] & d_mask[None, :]
+        # k, v: [BLOCK_N, BLOCK_D]
+        k = tl.load(k_base + block[:, None] * stride_kb + offset[:, None] * stride_ks + d[None, :],
+                    mask=kv_mask, other=0.0)
+        # s: [BLOCK_G, BLOCK_N] fp32 scores in log2 units
+        s = dot(q, tl.trans(k), UPCAST) * scale_log2
+        s = tl.where(p_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST)
+        m_i = m_new
+    # a request with no context (a padding row of a CUDA graph) gets zeros, not NaN
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc / l_i[:, None]
+    tl.store(out_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+def _check_args(query, key_cache, value_cache, block_tables, context_lens, out):
+    dev = query.device
+    check_tensor("query", query, 3, FLOAT_DTYPES, dev)
+    check_kv_cache(key_cache, value_cache, dev)
+    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, dev)
+    check_tensor("context_lens", context_lens, 1, INDEX_DTYPES, dev)
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[0]
+    check(query.dtype == key_cache.dtype, f"query is {query.dtype} but the cache is {key_cache.dtype}")
+    check(key_cache.shape[3] == head_dim, f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
+    check(num_heads % num_kv_heads == 0, f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    check(block_tables.shape[0] == num_seqs and context_lens.shape[0] == num_seqs,
+          f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} "
+          f"need one row per query ({num_seqs})")
+    check(context_lens.stride(0) == 1, "context_lens must be contiguous")
+    if out is not None:
+        check_tensor("out", out, 3, (query.dtype,), dev)
+        check(out.shape == query.shape, f"out {tuple(out.shape)} must match query {tuple(query.shape)}")
+
+
+def paged_attention_decode(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of one new query token per request to that request's cached context (Triton).
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]`` fp16/bf16 (fp32 accepted for tests), unit
+            stride in ``head_dim``. Query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+        key_cache, value_cache: ``[num_kv_heads, num_blocks, block_size, head_dim]``, same dtype
+            as ``query``, unit stride in ``head_dim``; ``block_size`` a power of two >= 8.
+        block_tables: ``[num_seqs, max_num_blocks]`` int32/int64 block ids; entries past a
+            request's context are never read.
+        context_lens: ``[num_seqs]`` int32/int64 tokens of context per request, the query's own
+            key/value included (already written to the cache). 0 gives a zero output row.
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+        out: optional ``[num_seqs, num_heads, head_dim]`` output tensor (same dtype as ``query``).
+
+    Returns:
+        ``out`` (or a new tensor): ``[num_seqs, num_heads, head_dim]`` in ``query``'s dtype;
+        scores, softmax and the weighted sum accumulate in fp32.
+
+    Raises:
+        ValueError: a shape, dtype, device or stride does not match the above.
+    """
+    _check_args(query, key_cache, value_cache, block_tables, context_lens, out)
+    if out is None:
+        out = torch.empty_like(query)
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads, _, block_size, _ = key_cache.shape
+    qpk = num_heads // num_kv_heads
+    if num_seqs == 0:
+        return out
+    _paged_decode_kernel[(num_seqs, num_kv_heads)](
+        out, query, key_cache, value_cache, block_tables, context_lens,
+        scale * LOG2_E,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        QUERIES_PER_KV=qpk, HEAD_DIM=head_dim,
+        BLOCK_G=max(16, triton.next_power_of_2(qpk)), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, BLOCK_N=max(64, block_size), UPCAST=interpreting(),
+        num_warps=4,
+    )
+    return out
+
+
+def paged_attention_decode_ref(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain torch version of :func:`paged_attention_decode` (same arguments and result), one
+    request at a time in fp32. Slow; it is the oracle of the tests."""
+    _check_args(query, key_cache, value_cache, block_tables, context_lens, out)
+    if out is None:
+        out = torch.empty_like(query)
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads, _, block_size, _ = key_cache.shape
+    qpk = num_heads // num_kv_heads
+    for i, n in enumerate(context_lens.tolist()):
+        if n == 0:
+            out[i] = 0
+            continue
+        blocks = block_tables[i, : (n + block_size - 1) // block_size].long()
+        # k, v: [num_kv_heads, n, head_dim]
+        k = key_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
+        v = value_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
+        # q: [num_kv_heads, qpk, head_dim]
+        q = query[i].float().view(num_kv_heads, qpk, head_dim)
+        p = torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1)
+        out[i] = (p @ v).reshape(num_heads, head_dim).to(out.dtype)
+    return out

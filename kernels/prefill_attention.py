@@ -1,0 +1,202 @@
+"""Causal attention for packed prefill chunks whose requests may already have a cached prefix.
+
+Algorithm: FlashAttention-2 (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism
+and Work Partitioning"): a tile of ``BLOCK_M`` queries keeps a running maximum, sum and fp32
+output while it streams over key/value tiles, so the score matrix is never materialised. Keys and
+values are read through the block table as in PagedAttention (Kwon et al. 2023), which lets one
+kernel serve a whole prompt, a later chunk of a chunked prefill, and a prompt whose first blocks
+came from the prefix cache: all three are "``query_len`` new tokens at the end of a
+``context_len``-token context".
+
+The new tokens' keys/values must already be in the cache (write them first with
+``kernels.kv_cache.write_kv_cache``). Grid: (query tiles, requests, query heads); tiles past a
+request's ``query_len`` do no work.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.common import (
+    FLOAT_DTYPES, INDEX_DTYPES, check, check_kv_cache, check_tensor, dot, interpreting,
+)
+
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _prefill_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, context_lens_ptr,
+    scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kh, stride_kb, stride_ks, stride_vh, stride_vb, stride_vs,
+    stride_bt,
+    QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    kv_head = head // QUERIES_PER_KV
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    ctx_len = tl.load(context_lens_ptr + seq)
+    prefix_len = ctx_len - q_len
+
+    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    m_mask = m < q_len
+    d_mask = d < HEAD_DIM
+    # q: [BLOCK_M, BLOCK_D]; query row i sits at context position prefix_len + i
+    q = tl.load(q_ptr + (q_start + m)[:, None].to(tl.int64) * stride_qt + head * stride_qh + d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = prefix_len + m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # keys past the tile's last query are masked for every row; an idle tile runs no iteration
+    kv_end = tl.minimum(ctx_len, prefix_len + (tile + 1) * BLOCK_M)
+    kv_end = tl.where(tile * BLOCK_M < q_len, kv_end, 0)
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    for start in range(0, kv_end, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        p_mask = pos < kv_end
+        block = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0)
+        block = block.to(tl.int64)
+        offset = pos % BLOCK_SIZE
+        kv_mask = p_mask[:, None] & d_mask[None, :]
+        # k, v: [BLOCK_N, BLOCK_D]
+        k = tl.load(k_base + block[:, None] * stride_kb + offset[:, None] * stride_ks + d[None, :],
+                    mask=kv_mask, other=0.0)
+        # s: [BLOCK_M, BLOCK_N] fp32 scores in log2 units, causal within the context
+        s = dot(q, tl.trans(k), UPCAST) * scale_log2
+        s = tl.where(p_mask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        # position 0 is in the first tile and visible to every row, so m_new is finite from then on
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST)
+        m_i = m_new
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
+    acc = acc / l_i[:, None]
+    tl.store(out_ptr + (q_start + m)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out):
+    dev = query.device
+    check_tensor("query", query, 3, FLOAT_DTYPES, dev)
+    check_kv_cache(key_cache, value_cache, dev)
+    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, dev)
+    check_tensor("query_start_loc", query_start_loc, 1, INDEX_DTYPES, dev)
+    check_tensor("context_lens", context_lens, 1, INDEX_DTYPES, dev)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = key_cache.shape[0]
+    num_seqs = context_lens.shape[0]
+    check(query.dtype == key_cache.dtype, f"query is {query.dtype} but the cache is {key_cache.dtype}")
+    check(key_cache.shape[3] == head_dim,
+          f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
+    check(num_heads % num_kv_heads == 0,
+          f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    check(query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] == num_seqs,
+          f"query_start_loc {tuple(query_start_loc.shape)} needs num_seqs + 1 entries and "
+          f"block_tables {tuple(block_tables.shape)} num_seqs rows (num_seqs={num_seqs})")
+    check(query_start_loc.stride(0) == 1 and context_lens.stride(0) == 1,
+          "query_start_loc and context_lens must be contiguous")
+    if out is not None:
+        check_tensor("out", out, 3, (query.dtype,), dev)
+        check(out.shape == query.shape, f"out {tuple(out.shape)} must match query {tuple(query.shape)}")
+
+
+def prefill_attention(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
+    max_query_len: int, scale: float, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed variable-length query chunks to their paged context (Triton).
+
+    Request ``i`` owns query rows ``query_start_loc[i]:query_start_loc[i + 1]`` (``query_len``
+    new tokens); they are the last ``query_len`` of its ``context_lens[i]`` context positions, so
+    row ``j`` of the chunk attends to positions ``0 .. context_lens[i] - query_len + j``.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]`` fp16/bf16 (fp32 accepted for tests), unit
+            stride in ``head_dim``; rows outside every request's range are left untouched in ``out``.
+        key_cache, value_cache: ``[num_kv_heads, num_blocks, block_size, head_dim]`` holding every
+            context position (the new tokens included); ``block_size`` a power of two >= 8.
+        block_tables: ``[num_seqs, max_num_blocks]`` int32/int64 block ids.
+        query_start_loc: ``[num_seqs + 1]`` int32/int64 cumulative query lengths (starts at 0,
+            or at the first prefill row of a packed step).
+        context_lens: ``[num_seqs]`` int32/int64, cached prefix + new tokens per request.
+        max_query_len: the longest chunk (a host int: it sizes the grid without reading the GPU).
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+        out: optional ``[num_tokens, num_heads, head_dim]`` output (same dtype as ``query``).
+
+    Returns:
+        ``out`` (or a new tensor) in ``query``'s dtype; accumulation in fp32.
+
+    Raises:
+        ValueError: a shape, dtype, device or stride does not match the above.
+    """
+    _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out)
+    if out is None:
+        out = torch.empty_like(query)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads, _, block_size, _ = key_cache.shape
+    num_seqs = context_lens.shape[0]
+    if num_seqs == 0 or max_query_len <= 0:
+        return out
+    block_m = 64 if max_query_len > 32 else max(16, triton.next_power_of_2(max_query_len))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
+    _prefill_kernel[grid](
+        out, query, key_cache, value_cache, block_tables, query_start_loc, context_lens,
+        scale * LOG2_E,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        QUERIES_PER_KV=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=max(64 if block_d <= 64 else 32, block_size),
+        UPCAST=interpreting(), num_warps=4,
+    )
+    return out
+
+
+def prefill_attention_ref(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
+    max_query_len: int, scale: float, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain torch version of :func:`prefill_attention` (same arguments and result), one request
+    at a time in fp32 with an explicit causal mask. Slow; it is the oracle of the tests."""
+    _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out)
+    if out is None:
+        out = torch.empty_like(query)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads, _, block_size, _ = key_cache.shape
+    qpk = num_heads // num_kv_heads
+    starts = query_start_loc.tolist()
+    for i, n in enumerate(context_lens.tolist()):
+        s, e = starts[i], starts[i + 1]
+        if e == s:
+            continue
+        blocks = block_tables[i, : (n + block_size - 1) // block_size].long()
+        # k, v: [num_heads, n, head_dim] (each KV head repeated for its query heads)
+        k = key_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
+        v = value_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
+        k, v = k.repeat_interleave(qpk, 0), v.repeat_interleave(qpk, 0)
+        # q: [num_heads, query_len, head_dim]
+        q = query[s:e].float().transpose(0, 1)
+        q_pos = torch.arange(n - (e - s), n)
+        visible = torch.arange(n)[None, :] <= q_pos[:, None]
+        scores = (q @ k.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
+        out[s:e] = (torch.softmax(scores, -1) @ v).transpose(0, 1).to(out.dtype)
+    return out

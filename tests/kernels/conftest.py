@@ -1,0 +1,19 @@
+"""Kernel tests run the real Triton kernels on CUDA, and Triton's CPU interpreter elsewhere.
+
+``TRITON_INTERPRET`` is read when a kernel is decorated, so it is set here, before any test module
+imports ``kernels``. The engine imports ``kernels`` only when it runs on CUDA, so tests of the
+engine's CPU path collected in the same process are unaffected.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
