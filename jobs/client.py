@@ -3,11 +3,13 @@
 Order of effects in :meth:`Client.enqueue_batch`: every request is validated (schema, then length
 with the model's tokenizer) before anything is written; the batch and job rows are committed; only
 then is one Celery message per job published, carrying just the job id, by task name to the
-model's queue. A worker that receives a message therefore always finds its row.
+model's queue. A worker that receives a message therefore always finds its row. Jobs whose message
+was never published or was lost are published again by :meth:`Client.sweep`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,10 +18,15 @@ from functools import cached_property
 from typing import Any, Iterable, Optional, Union
 
 from jobs import names, store
-from jobs.db import Batch, BatchStatus, Job, make_engine, make_session_factory
+from jobs.db import Batch, BatchStatus, Job, make_engine, make_session_factory, utcnow
 from jobs.model_info import PromptChecker
 from jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest, parse_request
 from weir.config import Settings, get_settings
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_RETRY_POLICY = {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
+"""kombu's publish retry policy: a broker that stays unreachable for about 2 s fails the publish."""
 
 RequestLike = Union[GenerateRequest, ClassifyRequest, dict[str, Any]]
 BatchId = Union[str, uuid.UUID]
@@ -27,6 +34,27 @@ BatchId = Union[str, uuid.UUID]
 
 class BrokerNotConfigured(RuntimeError):
     """Publishing was asked for but no broker URL is set (``WEIR_BROKER_URL``)."""
+
+
+class PublishError(RuntimeError):
+    """The batch is stored but some of its messages could not be published.
+
+    The unpublished jobs stay ``queued`` with ``published_at`` null; :meth:`Client.sweep` (run by
+    every ``weir worker --beat`` and by ``weir sweep``) publishes them once the broker is back.
+
+    Attributes:
+        batch_id: the stored batch (None for a sweep).
+        num_unpublished: how many of its jobs have no message yet.
+    """
+
+    def __init__(self, batch_id: Optional[uuid.UUID], num_unpublished: int, cause: BaseException) -> None:
+        stored = f"batch {batch_id} is stored but " if batch_id is not None else ""
+        super().__init__(
+            f"{stored}{num_unpublished} jobs were not published ({type(cause).__name__}: {cause}); "
+            "`weir sweep` publishes them once the broker answers"
+        )
+        self.batch_id = batch_id
+        self.num_unpublished = num_unpublished
 
 
 @dataclass(frozen=True)
@@ -126,6 +154,7 @@ class Client:
             self._celery_app.conf.broker_transport_options = {
                 "visibility_timeout": self.settings.worker.visibility_timeout_s
             }
+            self._celery_app.conf.broker_connection_timeout = 2.0
         return self._celery_app
 
     def validate(self, requests: Iterable[RequestLike]) -> list[JobRequest]:
@@ -147,15 +176,18 @@ class Client:
 
         Args:
             requests: ``GenerateRequest``/``ClassifyRequest`` models, or dicts with a ``kind``.
-            metadata: free JSON kept on the batch row.
+            metadata: free JSON kept on the batch row (see :func:`jobs.schemas.check_json`).
 
         Returns:
             The new batch's id.
 
         Raises:
             pydantic.ValidationError, PromptTooLongError: see :meth:`validate`; nothing was stored.
-            ValueError: two requests share a ``custom_id``; nothing was stored.
+            ValueError: two requests share a ``custom_id``, or ``metadata`` is not plain JSON
+                (the message names the field); nothing was stored.
             BrokerNotConfigured: no broker to publish to; nothing was stored.
+            PublishError: the rows are stored but the broker refused some messages; the sweeper
+                publishes those later.
         """
         parsed = self.validate(requests)
         if not parsed:
@@ -163,15 +195,64 @@ class Client:
         celery_app = self.celery_app
         with self.session_factory.begin() as session:
             batch, jobs = store.create_batch(session, parsed, model=self.model, metadata=metadata)
-        self._publish(celery_app, [job.id for job in jobs])
+        self._publish_or_mark(celery_app, [job.id for job in jobs], batch.id)
         return batch.id
 
-    def _publish(self, celery_app: Any, job_ids: list[uuid.UUID]) -> None:
-        with celery_app.producer_or_acquire() as producer:
-            for job_id in job_ids:
-                celery_app.send_task(
-                    names.RUN_JOB, args=[str(job_id)], queue=self.queue, producer=producer
-                )
+    def _publish_or_mark(
+        self, celery_app: Any, job_ids: list[uuid.UUID], batch_id: Optional[uuid.UUID]
+    ) -> None:
+        num_published = 0
+        try:
+            with celery_app.producer_or_acquire() as producer:
+                for job_id in job_ids:
+                    celery_app.send_task(
+                        names.RUN_JOB, args=[str(job_id)], queue=self.queue, producer=producer,
+                        retry=True, retry_policy=PUBLISH_RETRY_POLICY,
+                    )
+                    num_published += 1
+        except Exception as exc:
+            unpublished = job_ids[num_published:]
+            try:
+                with self.session_factory.begin() as session:
+                    store.mark_published(session, unpublished, None)
+            except Exception:  # the sweeper still finds them, one deadline later
+                logger.exception("batch %s: cannot mark %d jobs unpublished", batch_id, len(unpublished))
+            raise PublishError(batch_id, len(unpublished), exc) from exc
+
+    def sweep(self, older_than_s: Optional[float] = None, *, limit: int = 10_000) -> int:
+        """Publish again the jobs of this client's model whose message may be lost.
+
+        Covers a Redis restarted without persistence, a publish that failed after the rows were
+        committed, and a running job whose worker died and whose message is gone. Taken: jobs
+        ``queued`` and never published or last published more than ``older_than_s`` ago, and jobs
+        ``running`` whose latest claim and latest publish are that old (see
+        :func:`jobs.store.take_jobs_to_publish`). A job published twice is still run and stored
+        once, so sweeping again, or while the old message lives, is harmless.
+
+        Args:
+            older_than_s: the deadline in seconds; default ``WEIR_SWEEP_AFTER_S`` (which defaults
+                to the visibility timeout).
+            limit: the most jobs published by one call.
+
+        Returns:
+            The number of jobs published.
+
+        Raises:
+            BrokerNotConfigured: no broker URL.
+            PublishError: the broker refused the messages (the jobs are marked unpublished).
+        """
+        from datetime import timedelta
+
+        deadline_s = self.settings.worker.sweep_deadline_s if older_than_s is None else older_than_s
+        celery_app = self.celery_app
+        with self.session_factory.begin() as session:
+            job_ids = store.take_jobs_to_publish(
+                session, model=self.model, older_than=utcnow() - timedelta(seconds=deadline_s), limit=limit
+            )
+        if job_ids:
+            self._publish_or_mark(celery_app, job_ids, batch_id=None)
+            logger.warning("sweep: published %d jobs again (no message seen for %gs)", len(job_ids), deadline_s)
+        return len(job_ids)
 
     def enqueue_generate(self, prompt: Any, **fields: Any) -> JobRef:
         """Enqueue one generation job (a batch of one). ``fields``: the rest of ``GenerateRequest``."""
@@ -258,9 +339,22 @@ class Client:
         ]
 
     def cancel(self, batch_id: BatchId) -> BatchProgress:
-        """Cancel the batch's queued jobs (see :func:`jobs.store.cancel_batch`)."""
+        """Cancel the batch's queued and running jobs (see :func:`jobs.store.cancel_batch`).
+
+        Raises:
+            LookupError: no such batch.
+        """
         with self.session_factory.begin() as session:
             return BatchProgress.of(store.cancel_batch(session, _as_uuid(batch_id)))
+
+    def cancel_job(self, job_id: BatchId) -> Job:
+        """Cancel one queued or running job (see :func:`jobs.store.cancel_job`).
+
+        Raises:
+            LookupError: no such job.
+        """
+        with self.session_factory.begin() as session:
+            return store.cancel_job(session, _as_uuid(job_id))
 
     def close(self) -> None:
         """Release database connections."""

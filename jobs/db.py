@@ -4,6 +4,7 @@ Tables:
     ``batches``             one row per submitted batch: status lifecycle and job counts.
     ``jobs``                one row per request, keyed by job id: the request, its status and result.
     ``product_enrichment``  one row per catalog product: predicted category and written description.
+    ``dead_letters``        one row per queue message the worker could not read, with the reason.
 
 The schema itself is created by the Alembic migrations in ``migrations/``; the models here must
 match them (``tests/jobs/test_migrations.py`` compares the two).
@@ -72,9 +73,11 @@ _FINISHED_BATCH = frozenset({BatchStatus.COMPLETED, BatchStatus.FAILED, BatchSta
 
 
 class JobStatus(str, enum.Enum):
-    """A job's lifecycle: ``queued -> running -> succeeded | failed``, or ``cancelled`` while queued.
+    """A job's lifecycle: ``queued -> running -> succeeded | failed``, or ``cancelled`` from
+    ``queued`` or ``running``.
 
-    A finished job (the last three) is never run again; ``succeeded`` is never overwritten.
+    A finished job (the last three) is never run again; ``succeeded`` and ``cancelled`` are never
+    overwritten.
     """
 
     QUEUED = "queued"
@@ -148,7 +151,9 @@ class Job(Base):
     """One request and its result. ``custom_id`` is the caller's id, unique within its batch.
 
     ``batch_index`` is the request's position in the batch (results come back in submission order).
-    ``attempts`` counts the times a worker started it. Result columns stay null until it finishes.
+    ``attempts`` counts the times a worker started it; ``worker`` and ``claimed_at`` are the latest
+    start's. ``published_at`` is when its message was last published (null: not yet).
+    Result columns stay null until it finishes.
     """
 
     __tablename__ = "jobs"
@@ -156,6 +161,8 @@ class Job(Base):
         UniqueConstraint("batch_id", "custom_id"),
         # Batch counts are recomputed from this index alone.
         Index("ix_jobs_batch_id_status", "batch_id", "status"),
+        # The sweeper's scan: unfinished jobs by the time of their last publish.
+        Index("ix_jobs_status_published_at", "status", "published_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -180,6 +187,9 @@ class Job(Base):
     started_at: Mapped[Optional[datetime]]
     finished_at: Mapped[Optional[datetime]]
     error: Mapped[Optional[str]] = mapped_column(Text)
+    worker: Mapped[Optional[str]] = mapped_column(String(200))
+    claimed_at: Mapped[Optional[datetime]]
+    published_at: Mapped[Optional[datetime]]
 
 
 class ProductEnrichment(Base):
@@ -196,6 +206,27 @@ class ProductEnrichment(Base):
         ForeignKey("batches.id", ondelete="SET NULL")
     )
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DeadLetter(Base):
+    """A queue message the worker could not read (not weir's schema), kept with the reason.
+
+    ``body`` is the message body as received (decoded as UTF-8 with replacement, at most
+    :data:`MAX_DEAD_LETTER_BODY_CHARS` characters).
+    """
+
+    __tablename__ = "dead_letters"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    queue: Mapped[Optional[str]] = mapped_column(String(200))
+    task: Mapped[Optional[str]] = mapped_column(String(200))
+    message_id: Mapped[Optional[str]] = mapped_column(String(200))
+    body: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+
+
+MAX_DEAD_LETTER_BODY_CHARS = 65_536
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -17,6 +17,9 @@ RUN_JOB = "weir.run_job"
 ENRICH_CATALOG = "weir.enrich_catalog"
 """Enqueue one enrichment batch for a catalog file. Args: ``(catalog_path: str)``."""
 
+SWEEP = "weir.sweep"
+"""Publish again the jobs whose message may be lost (``jobs.client.Client.sweep``). No args."""
+
 QUEUE_PREFIX = "weir."
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")

@@ -11,6 +11,7 @@ model's chat template with the generation prompt appended.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
@@ -18,6 +19,63 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 MAX_CUSTOM_ID_CHARS = 256
 MAX_PRODUCT_ID_CHARS = 64  # product_enrichment.product_id is VARCHAR(64)
 MAX_SEED = 2**63 - 1
+MAX_TEXT_CHARS = 1_000_000
+"""Longest prompt, system prompt, message or label text a request may carry, in characters.
+
+Larger texts are refused when the request is built, before anything is stored or published (a
+prompt this long could not fit any model's context anyway)."""
+
+MAX_JSON_INT = 2**63 - 1
+
+
+def check_json(value: Any, path: str) -> None:
+    """Check that ``value`` is plain JSON, as the database stores it and a reader gets it back.
+
+    Allowed: ``str``, ``bool``, ``None``, ``int`` within 64-bit range, finite ``float``, and
+    ``list``/``tuple``/``dict`` of those (dict keys must be ``str``). Nothing is converted: bytes,
+    datetimes, sets, numpy scalars, NaN and Infinity are refused, so what is read back is exactly
+    what was given.
+
+    Args:
+        value: the value to check.
+        path: its name in error messages, e.g. ``"metadata"``.
+
+    Raises:
+        ValueError: naming the first offending field, e.g.
+            ``metadata['when'] is a datetime.datetime, not a JSON value (str, int, float, bool,
+            None, list, dict)``.
+    """
+    if value is None or isinstance(value, (str, bool)):
+        return
+    if type(value) is int:
+        if not -MAX_JSON_INT - 1 <= value <= MAX_JSON_INT:
+            raise ValueError(f"{path} = {value} is outside the 64-bit integer range")
+        return
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise ValueError(f"{path} is {value!r}; JSON has no NaN or Infinity (use None)")
+        return
+    if type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            check_json(item, f"{path}[{i}]")
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{path} has a key {key!r} of type {_type_name(key)}; JSON keys are strings")
+            check_json(item, f"{path}[{key!r}]")
+        return
+    raise ValueError(
+        f"{path} is a {_type_name(value)}, not a JSON value (str, int, float, bool, None, list, dict)"
+    )
+
+
+def _type_name(value: Any) -> str:
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 
 class ChatMessage(BaseModel):
@@ -26,7 +84,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: Literal["system", "user", "assistant"]
-    content: str = Field(min_length=1)
+    content: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
 
 
 def _prompt_form(value: Any) -> str:
@@ -35,7 +93,7 @@ def _prompt_form(value: Any) -> str:
 
 # Tagged by its Python type, so an error names one branch: ("prompt", "messages", 0, "content").
 Prompt = Annotated[
-    Union[Annotated[str, Tag("text")], Annotated[list[ChatMessage], Tag("messages")]],
+    Union[Annotated[Text, Tag("text")], Annotated[list[ChatMessage], Tag("messages")]],
     Discriminator(_prompt_form),
 ]
 
@@ -44,9 +102,10 @@ class _JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: Prompt
-    system_prompt: Optional[str] = Field(None, min_length=1)
+    system_prompt: Optional[str] = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
     custom_id: Optional[str] = Field(None, min_length=1, max_length=MAX_CUSTOM_ID_CHARS)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    """Free JSON kept with the job (see :func:`check_json` for what it may hold)."""
 
     @field_validator("prompt")
     @classmethod
@@ -75,9 +134,12 @@ class _JobRequest(BaseModel):
             messages.extend(m.model_dump() for m in self.prompt)
         return messages
 
-    @field_validator("metadata")
+    @field_validator("metadata", mode="plain")
     @classmethod
-    def _product_id_fits(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+    def _product_id_fits(cls, metadata: Any) -> dict[str, Any]:
+        if type(metadata) is not dict:
+            raise ValueError(f"metadata must be a dict, not {_type_name(metadata)}")
+        check_json(metadata, "metadata")
         value = metadata.get("product_id")
         if value is not None:
             if not isinstance(value, (str, int)) or isinstance(value, bool):
@@ -123,8 +185,8 @@ class ClassifyRequest(_JobRequest):
     """
 
     kind: Literal["classify"] = "classify"
-    labels: list[str] = Field(min_length=1)
-    label_texts: Optional[list[str]] = None
+    labels: list[Text] = Field(min_length=1)
+    label_texts: Optional[list[Text]] = None
     calibration_prompt: Optional[Prompt] = None
 
     @model_validator(mode="after")

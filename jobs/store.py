@@ -9,19 +9,39 @@ never drift however many task threads or workers finish jobs at once.
 Result writes are upserts keyed by job id (``INSERT .. ON CONFLICT (id) DO UPDATE .. WHERE``):
 a redelivered job never makes a second row, and a guard keeps a late failure from overwriting a
 success.
+
+Storage rules for results (the same on Postgres and SQLite): a NUL character (U+0000) in any text
+result (generated text, label, error) is stored as U+FFFD, since Postgres text cannot hold NUL;
+nothing else changes and nothing is cut. NaN and Infinity in ``label_probs`` (and a non-finite
+``category_confidence``) are stored as null.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
-from dataclasses import asdict, dataclass
-from typing import Any, Optional, Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from typing import Any, Iterable, Optional, Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from jobs.db import Batch, BatchStatus, Job, JobKind, JobStatus, ProductEnrichment, utcnow
-from jobs.schemas import JobRequest
+from jobs.db import (
+    MAX_DEAD_LETTER_BODY_CHARS,
+    Batch,
+    BatchStatus,
+    DeadLetter,
+    Job,
+    JobKind,
+    JobStatus,
+    ProductEnrichment,
+    utcnow,
+)
+from jobs.schemas import JobRequest, check_json
+
+NUL_REPLACEMENT = "\ufffd"
+"""What a NUL character in a text result is stored as (Postgres text cannot hold U+0000)."""
 
 
 @dataclass
@@ -45,6 +65,24 @@ class JobResult:
     @classmethod
     def failure(cls, error: str) -> "JobResult":
         return cls(status=JobStatus.FAILED, error=error)
+
+    def storable(self) -> "JobResult":
+        """This result under the module's storage rules: NUL -> U+FFFD in text, NaN/Inf -> None."""
+        probs = None
+        if self.label_probs is not None:
+            probs = {_text(k): (v if math.isfinite(v) else None) for k, v in self.label_probs.items()}
+        return replace(
+            self,
+            output_text=_text(self.output_text),
+            label=_text(self.label),
+            label_probs=probs,
+            finish_reason=_text(self.finish_reason),
+            error=_text(self.error),
+        )
+
+
+def _text(value: Optional[str]) -> Optional[str]:
+    return None if value is None else value.replace("\x00", NUL_REPLACEMENT)
 
 
 def _insert(session: Session, model: type) -> Any:
@@ -95,14 +133,17 @@ def create_batch(
         The batch and its jobs in request order.
 
     Raises:
-        ValueError: two requests share a ``custom_id``.
+        ValueError: two requests share a ``custom_id``, or ``metadata`` is not plain JSON (the
+            message names the field, see :func:`jobs.schemas.check_json`).
     """
+    check_json(dict(metadata or {}), "batch metadata")
     custom_ids = [r.custom_id if r.custom_id is not None else str(i) for i, r in enumerate(requests)]
     seen: set[str] = set()
     for custom_id in custom_ids:
         if custom_id in seen:
             raise ValueError(f"custom_id {custom_id!r} appears more than once in the batch")
         seen.add(custom_id)
+    now = utcnow()
     batch = Batch(model=model, num_jobs=len(requests), meta=dict(metadata or {}))
     session.add(batch)
     session.flush()
@@ -114,6 +155,7 @@ def create_batch(
             kind=JobKind(request.kind),
             model=model,
             request=request.model_dump(mode="json", exclude_none=True),
+            published_at=now,  # about to be; the client resets it when publishing fails
         )
         for i, (request, custom_id) in enumerate(zip(requests, custom_ids))
     ]
@@ -122,39 +164,67 @@ def create_batch(
     return batch, jobs
 
 
-def claim_job(session: Session, job_id: uuid.UUID) -> Optional[Job]:
-    """Mark a job running and count the attempt, unless it is already finished.
+def claim_job(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    worker: Optional[str] = None,
+    max_attempts: Optional[int] = None,
+) -> Optional[Job]:
+    """Mark a job running and count the attempt, unless it is finished or out of attempts.
 
-    A ``running`` job is claimed again: that is a redelivery after a worker died or a retry.
+    A ``running`` job is claimed again: that is a redelivery after a worker died, a timeout or a
+    retry. A job already started ``max_attempts`` times without finishing is a poison job: it is
+    marked ``failed`` with the reason instead (each of its attempts crashed or lost its worker).
+
+    Args:
+        worker: name of the claiming worker, stored in ``jobs.worker``.
+        max_attempts: the most starts a job gets; None for no limit.
 
     Returns:
-        The job, now ``running`` with ``attempts`` incremented; None when no such job exists or
-        it is finished (succeeded, failed or cancelled), i.e. there is nothing to run.
+        The job, now ``running`` with ``attempts`` incremented; None when there is nothing to run:
+        no such job, it is finished (succeeded, failed or cancelled), or it just failed for
+        running out of attempts.
     """
     job = session.get(Job, job_id)
     if job is None:
         return None
     batch = lock_batch(session, job.batch_id)
+    session.refresh(job)
+    if job.status.is_finished:
+        return None
+    if max_attempts is not None and job.attempts >= max_attempts:
+        _write_results(
+            session,
+            [(job, JobResult.failure(
+                f"gave up after {job.attempts} attempts: each one lost its worker or ran out of time"
+            ))],
+        )
+        return None
     now = utcnow()
-    claimed = session.execute(
+    session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+        .where(Job.id == job_id)
         .values(
             status=JobStatus.RUNNING,
             attempts=Job.attempts + 1,
             started_at=func.coalesce(Job.started_at, now),
+            claimed_at=now,
+            worker=worker,
         )
-        .returning(Job.id)
         .execution_options(synchronize_session=False)
-    ).first()
-    if claimed is None:
-        return None
+    )
     if batch.status == BatchStatus.QUEUED:
         batch.status = BatchStatus.IN_PROGRESS
         batch.started_at = now
     session.flush()
     session.refresh(job)
     return job
+
+
+def job_status(session: Session, job_id: uuid.UUID) -> Optional[JobStatus]:
+    """The job's current status (None: no such job); a running job polls it to learn of a cancel."""
+    return session.scalar(select(Job.status).where(Job.id == job_id))
 
 
 _RESULT_COLUMNS = (
@@ -172,14 +242,7 @@ _RESULT_COLUMNS = (
 
 
 def record_result(session: Session, job: Job, result: JobResult) -> bool:
-    """Upsert a job's result keyed by its id, then recount its batch.
-
-    A stored ``succeeded`` or ``cancelled`` result is never overwritten: a redelivered or late
-    write is dropped. Writing the same result twice leaves one row with that result.
-
-    Args:
-        job: the job as claimed (its identity columns are re-sent for the insert branch).
-        result: the outcome; ``status`` must be ``SUCCEEDED`` or ``FAILED``.
+    """Upsert one job's result keyed by its id, then recount its batch (see :func:`record_results`).
 
     Returns:
         True when the row took this result, False when the guard dropped it.
@@ -187,32 +250,71 @@ def record_result(session: Session, job: Job, result: JobResult) -> bool:
     Raises:
         ValueError: ``result.status`` is not a final status a worker may write.
     """
-    if result.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-        raise ValueError(f"a worker writes succeeded or failed, not {result.status.value}")
-    lock_batch(session, job.batch_id)
-    values = asdict(result)
-    values["finished_at"] = utcnow()
-    stmt = _insert(session, Job).values(
-        id=job.id,
-        batch_id=job.batch_id,
-        batch_index=job.batch_index,
-        custom_id=job.custom_id,
-        kind=job.kind,
-        model=job.model,
-        request=job.request,
-        attempts=job.attempts,
-        queued_at=job.queued_at,
-        started_at=job.started_at,
-        **values,
-    )
+    return job.id in record_results(session, [(job, result)])
+
+
+def record_results(session: Session, results: Iterable[tuple[Job, JobResult]]) -> set[uuid.UUID]:
+    """Upsert many jobs' results in one statement keyed by job id, then recount their batches.
+
+    A stored ``succeeded`` or ``cancelled`` result is never overwritten: a redelivered or late
+    write is dropped. Writing the same result twice leaves one row with that result. When one job
+    appears more than once in ``results``, one value is kept: a success over a failure, else the
+    later one (one ``INSERT .. ON CONFLICT`` may not touch a row twice). Results are stored under
+    the module's storage rules (:meth:`JobResult.storable`).
+
+    Args:
+        results: (job as claimed, outcome) pairs; each outcome is ``SUCCEEDED`` or ``FAILED``.
+
+    Returns:
+        The ids of the jobs whose row took the given result.
+
+    Raises:
+        ValueError: an outcome's status is not a final status a worker may write.
+    """
+    chosen: dict[uuid.UUID, tuple[Job, JobResult]] = {}
+    for job, result in results:
+        if result.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+            raise ValueError(f"a worker writes succeeded or failed, not {result.status.value}")
+        kept = chosen.get(job.id)
+        if kept is None or not (kept[1].status == JobStatus.SUCCEEDED and result.status == JobStatus.FAILED):
+            chosen[job.id] = (job, result)
+    if not chosen:
+        return set()
+    for batch_id in sorted({job.batch_id for job, _ in chosen.values()}):  # one lock order: no deadlocks
+        lock_batch(session, batch_id)
+    return _write_results(session, list(chosen.values()))
+
+
+def _write_results(session: Session, results: list[tuple[Job, JobResult]]) -> set[uuid.UUID]:
+    """The upsert itself; the caller holds the batch locks and has removed repeated job ids."""
+    now = utcnow()
+    rows = []
+    for job, result in results:
+        values = asdict(result.storable())
+        values["finished_at"] = now
+        rows.append(dict(
+            id=job.id,
+            batch_id=job.batch_id,
+            batch_index=job.batch_index,
+            custom_id=job.custom_id,
+            kind=job.kind,
+            model=job.model,
+            request=job.request,
+            attempts=job.attempts,
+            queued_at=job.queued_at,
+            started_at=job.started_at,
+            **values,
+        ))
+    stmt = _insert(session, Job).values(rows)
     stmt = stmt.on_conflict_do_update(
         index_elements=[Job.id],
         set_={name: stmt.excluded[name] for name in _RESULT_COLUMNS},
         where=Job.status.not_in([JobStatus.SUCCEEDED, JobStatus.CANCELLED]),
     )
-    # RETURNING yields the row only when it was inserted or the guarded update applied.
-    written = session.execute(stmt.returning(Job.id)).first() is not None
-    refresh_batch(session, job.batch_id)
+    # RETURNING yields a row only when it was inserted or the guarded update applied.
+    written = set(session.execute(stmt.returning(Job.id)).scalars())
+    for batch_id in sorted({job.batch_id for job, _ in results}):
+        refresh_batch(session, batch_id)
     return written
 
 
@@ -233,6 +335,7 @@ def record_enrichment(session: Session, job: Job, result: JobResult, *, model: s
     product_id = job.request.get("metadata", {}).get("product_id")
     if product_id is None or result.status != JobStatus.SUCCEEDED:
         return False
+    result = result.storable()
     if job.kind == JobKind.CLASSIFY:
         fields = {
             "category": result.label,
@@ -276,9 +379,11 @@ def refresh_batch(session: Session, batch_id: uuid.UUID) -> Batch:
 
 
 def cancel_batch(session: Session, batch_id: uuid.UUID) -> Batch:
-    """Cancel every queued job of a batch and mark the batch ``cancelled``.
+    """Cancel every queued or running job of a batch and mark the batch ``cancelled``.
 
-    Running jobs finish and keep their results. Workers skip cancelled jobs when they arrive.
+    Finished jobs keep their results. Workers skip cancelled jobs when their message arrives, and
+    a worker running one aborts it in the engine within ``WEIR_CANCEL_POLL_INTERVAL_S``; its
+    result is then never stored.
 
     Raises:
         LookupError: no batch has this id.
@@ -289,13 +394,115 @@ def cancel_batch(session: Session, batch_id: uuid.UUID) -> Batch:
     now = utcnow()
     session.execute(
         update(Job)
-        .where(Job.batch_id == batch_id, Job.status == JobStatus.QUEUED)
+        .where(Job.batch_id == batch_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
         .values(status=JobStatus.CANCELLED, finished_at=now)
         .execution_options(synchronize_session=False)
     )
     batch.status = BatchStatus.CANCELLED
     batch.finished_at = now
     return refresh_batch(session, batch_id)
+
+
+def cancel_job(session: Session, job_id: uuid.UUID) -> Job:
+    """Cancel one queued or running job (as :func:`cancel_batch` does); a finished job is kept.
+
+    Returns:
+        The job as it now stands.
+
+    Raises:
+        LookupError: no job has this id.
+    """
+    job = session.get(Job, job_id)
+    if job is None:
+        raise LookupError(f"no job with id {job_id}")
+    lock_batch(session, job.batch_id)
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+        .values(status=JobStatus.CANCELLED, finished_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    refresh_batch(session, job.batch_id)
+    session.refresh(job)
+    return job
+
+
+def take_jobs_to_publish(
+    session: Session, *, model: str, older_than: datetime, limit: int = 1000
+) -> list[uuid.UUID]:
+    """Find jobs whose message may be lost, and stamp them published now (the sweeper's read).
+
+    A job qualifies when it is ``queued`` and was never published or last published before
+    ``older_than``, or ``running`` with both its latest claim and its latest publish before
+    ``older_than`` (its worker died and no message of it was seen since). Rows are taken with
+    ``FOR UPDATE SKIP LOCKED``, so two sweepers never take the same job; a second sweep right
+    after the first finds nothing.
+
+    Args:
+        model: only jobs for this model (the caller publishes to that model's queue).
+        older_than: the deadline, a timezone-aware UTC time.
+        limit: the most ids returned.
+
+    Returns:
+        The ids, oldest publish first, now with ``published_at`` = now (not committed).
+    """
+    not_since = or_(Job.published_at.is_(None), Job.published_at < older_than)
+    stmt = (
+        select(Job.id)
+        .where(
+            Job.model == model,
+            or_(
+                and_(Job.status == JobStatus.QUEUED, not_since),
+                and_(Job.status == JobStatus.RUNNING, Job.claimed_at < older_than, not_since),
+            ),
+        )
+        .order_by(Job.published_at.asc().nulls_first())
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    ids = list(session.execute(stmt).scalars())
+    if ids:
+        mark_published(session, ids, utcnow())
+    return ids
+
+
+def mark_published(session: Session, job_ids: Sequence[uuid.UUID], when: Optional[datetime]) -> None:
+    """Set ``published_at`` of the jobs to ``when`` (None: not published, sweep at once)."""
+    session.execute(
+        update(Job)
+        .where(Job.id.in_(list(job_ids)))
+        .values(published_at=when)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def record_dead_letter(
+    session: Session,
+    *,
+    body: Any,
+    reason: str,
+    queue: Optional[str] = None,
+    task: Optional[str] = None,
+    message_id: Optional[str] = None,
+) -> DeadLetter:
+    """Keep a message the worker could not read (added and flushed, not committed).
+
+    Args:
+        body: the message body (bytes are decoded as UTF-8 with replacement; other values are
+            stored as their ``repr``); cut to ``MAX_DEAD_LETTER_BODY_CHARS`` characters.
+        reason: why it was refused, e.g. ``"args must be [job_id], got [42, 'x']"``.
+    """
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", errors="replace")
+    elif not isinstance(body, str):
+        body = repr(body)
+    letter = DeadLetter(
+        queue=queue, task=task, message_id=message_id,
+        body=_text(body[:MAX_DEAD_LETTER_BODY_CHARS]), reason=_text(reason),
+    )
+    session.add(letter)
+    session.flush()
+    return letter
 
 
 def get_batch(session: Session, batch_id: uuid.UUID) -> Batch:

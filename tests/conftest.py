@@ -42,3 +42,31 @@ def hf_greedy(hf_model, prompt_ids, max_new_tokens, eos_token_id=None):
         pad_token_id=0,
     )
     return out[0, len(prompt_ids):].tolist()
+
+
+# ---- services shared by tests/jobs and tests/worker (see tests/support.py) ----------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """URL of a fresh, migrated Postgres database for this test run (dropped at the end)."""
+    from tests import support
+
+    with support.fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A random-weight 2-layer Llama with SmolLM2's tokenizer (see ``support.tiny_chat_model_dir``)."""
+    from tests import support
+
+    return support.tiny_chat_model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """The test Redis URL; skips (fails under ``CI``) when no Redis answers."""
+    from tests import support
+
+    return support.redis_or_skip()

@@ -1,4 +1,4 @@
-"""The ``weir`` command line: ``worker``, ``enrich``, ``db upgrade|downgrade``, ``bench``.
+"""The ``weir`` command line: ``worker``, ``enrich``, ``sweep``, ``cancel``, ``db upgrade|downgrade``, ``bench``.
 
 Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
 differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error.
@@ -155,6 +155,46 @@ def cmd_enrich(args: argparse.Namespace) -> int:
             client.close()
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Publish again the jobs whose message may be lost; print how many."""
+    from jobs.client import Client, PublishError
+
+    settings = get_settings()
+    if not settings.worker.broker_url:
+        print("weir sweep: WEIR_BROKER_URL is not set", file=sys.stderr)
+        return EXIT_USAGE
+    client = Client(settings)
+    try:
+        num_published = client.sweep(args.older_than_s)
+    except PublishError as exc:
+        print(f"weir sweep: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        client.close()
+    print(f"published {num_published} jobs again")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel a batch (or, with ``--job``, one job): queued jobs are skipped, running ones aborted."""
+    from jobs.client import Client
+
+    client = Client(get_settings())
+    try:
+        if args.job:
+            job = client.cancel_job(args.id)
+            print(f"job {job.id}: {job.status.value}")
+        else:
+            batch = client.cancel(args.id)
+            print(f"batch {batch.id}: {batch.status.value}, {batch.num_cancelled} jobs cancelled")
+    except (LookupError, ValueError) as exc:
+        print(f"weir cancel: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        client.close()
+    return EXIT_OK
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     """Run Alembic migrations on ``WEIR_DATABASE_URL`` (or the local SQLite file)."""
     import migrations
@@ -194,6 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     enrich.add_argument("--id-col", default="index")
     enrich.add_argument("--timeout-s", type=float, default=None, help="give up waiting after this long")
     enrich.set_defaults(func=cmd_enrich)
+
+    sweep = commands.add_parser("sweep", help="publish again the jobs whose queue message may be lost")
+    sweep.add_argument("--older-than-s", type=float, default=None,
+                       help="jobs with no message for this long (default WEIR_SWEEP_AFTER_S)")
+    sweep.set_defaults(func=cmd_sweep)
+
+    cancel = commands.add_parser("cancel", help="cancel a batch, or one job with --job")
+    cancel.add_argument("id", help="batch id (job id with --job)")
+    cancel.add_argument("--job", action="store_true", help="the id is a job's")
+    cancel.set_defaults(func=cmd_cancel)
 
     db = commands.add_parser("db", help="migrate the results database (WEIR_DATABASE_URL)")
     db_commands = db.add_subparsers(dest="db_command", required=True)

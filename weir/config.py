@@ -64,15 +64,56 @@ class CacheSettings(_WeirSettings):
 
 
 class WorkerSettings(_WeirSettings):
-    """The Celery side: broker, queue, concurrency."""
+    """The Celery side: broker, queue, concurrency, and the time limits of delivery.
+
+    The limits nest (README "Guarantees"): Redis redelivers a message ``visibility_timeout_s``
+    after it was *fetched*, whether or not its job started, so one delivery must end well within
+    it: a job waits at most one other job's run in the prefetch buffer, runs at most
+    ``job_timeout_s``, then may spend ``db_retry_timeout_s`` storing its result.
+    :meth:`delivery_problems` names any setting that breaks this.
+    """
 
     broker_url: Optional[str] = None
     queue: Optional[str] = Field(None, description="queue name; default derived from the model")
     concurrency: Optional[int] = Field(None, gt=0, description="task threads; default max_num_seqs")
-    max_retries: int = Field(3, ge=0)
-    visibility_timeout_s: int = Field(3600, gt=0)
+    visibility_timeout_s: int = Field(3600, gt=0, description="Redis redelivers an unacked message this long after its fetch")
+    job_timeout_s: float = Field(600.0, gt=0, description="one attempt of a job in the engine, seconds")
+    max_attempts: int = Field(3, ge=1, description="attempts (deliveries that started the job) before it fails")
+    db_retry_timeout_s: float = Field(300.0, ge=0, description="retry transient database errors this long")
+    shutdown_timeout_s: float = Field(60.0, ge=0, description="warm shutdown: running jobs get this long")
+    cancel_poll_interval_s: float = Field(2.0, gt=0, description="a running job checks for cancel this often")
+    sweep_interval_s: float = Field(300.0, gt=0, description="beat runs the sweeper this often")
+    sweep_after_s: Optional[float] = Field(
+        None, gt=0, description="re-publish jobs queued or running this long; default visibility_timeout_s"
+    )
     catalog_path: Optional[str] = Field(None, description="catalog CSV the nightly enrichment reads")
     catalog_schedule: str = Field("0 2 * * *", description="cron line (UTC) of the nightly enrichment")
+
+    @property
+    def sweep_deadline_s(self) -> float:
+        """Age past which the sweeper re-publishes a queued or running job (seconds)."""
+        return self.sweep_after_s or float(self.visibility_timeout_s)
+
+    def delivery_problems(self) -> list[str]:
+        """Settings under which a healthy job would be delivered twice; empty when consistent.
+
+        Returns:
+            One sentence per problem, naming the ``WEIR_*`` variables involved.
+        """
+        one_delivery_s = 2 * self.job_timeout_s + self.db_retry_timeout_s
+        problems = []
+        if self.visibility_timeout_s <= one_delivery_s:
+            problems.append(
+                f"WEIR_VISIBILITY_TIMEOUT_S={self.visibility_timeout_s} is not above "
+                f"2 * WEIR_JOB_TIMEOUT_S + WEIR_DB_RETRY_TIMEOUT_S = {one_delivery_s:g}: "
+                "Redis will deliver slow jobs a second time while they still run"
+            )
+        if self.sweep_deadline_s < self.visibility_timeout_s:
+            problems.append(
+                f"WEIR_SWEEP_AFTER_S={self.sweep_deadline_s:g} is below WEIR_VISIBILITY_TIMEOUT_S="
+                f"{self.visibility_timeout_s}: the sweeper will re-publish jobs Redis still holds"
+            )
+        return problems
 
 
 class DatabaseSettings(_WeirSettings):

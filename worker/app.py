@@ -3,9 +3,12 @@
 Delivery is at-least-once: a message is acknowledged only after its task has stored the result
 (``acks_late``), one message is reserved per thread (``worker_prefetch_multiplier=1``), and a
 message whose worker dies is redelivered (``task_reject_on_worker_lost``; on Redis after
-``WEIR_VISIBILITY_TIMEOUT_S``, or at once when the worker shuts down warm). Tasks store their own
-results in the database, so there is no result backend. Without ``WEIR_BROKER_URL`` the app uses
-kombu's in-process ``memory://`` transport (the embedded mode of ``weir enrich``).
+``WEIR_VISIBILITY_TIMEOUT_S``, counted from the fetch, or at once when the worker shuts down warm).
+The worker reconnects to a lost broker forever. Warm shutdown gives running jobs
+``WEIR_SHUTDOWN_TIMEOUT_S``, then aborts them and puts their messages back. Messages that are not
+weir's (undecodable, not a task, an unknown task) are kept in ``dead_letters``. Tasks store their
+own results in the database, so there is no result backend. Without ``WEIR_BROKER_URL`` the app
+uses kombu's in-process ``memory://`` transport (the embedded mode of ``weir enrich``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from celery import Celery, signals
+from celery.worker.consumer import Consumer
 
 from jobs import names
 from weir.config import Settings, get_settings
@@ -22,6 +26,18 @@ from worker.beat import beat_schedule
 logger = logging.getLogger(__name__)
 
 EMBEDDED_BROKER_URL = "memory://localhost//"
+MAX_RESTORE_INTERVAL_S = 10
+
+
+def transport_options(settings: Settings) -> dict:
+    """kombu Redis transport options: the visibility timeout, and a scan for expired unacked
+    messages every ``min(10, visibility_timeout / 4)`` seconds (kombu's own default is ~100 s)."""
+    visibility_timeout_s = settings.worker.visibility_timeout_s
+    return {
+        "visibility_timeout": visibility_timeout_s,
+        "unacked_restore_interval": max(1, min(MAX_RESTORE_INTERVAL_S, visibility_timeout_s // 4)),
+        "unacked_restore_throttle": 1,
+    }
 
 
 def make_app(settings: Settings) -> Celery:
@@ -37,8 +53,10 @@ def make_app(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         task_default_queue=queue,
-        broker_transport_options={"visibility_timeout": settings.worker.visibility_timeout_s},
+        broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a worker outlives any broker restart
+        worker_consumer="worker.app:DeadLetterConsumer",
         worker_concurrency=settings.worker.concurrency or settings.engine.max_num_seqs,
         beat_schedule=beat_schedule(settings),
         timezone="UTC",
@@ -49,17 +67,66 @@ def make_app(settings: Settings) -> Celery:
 app = make_app(get_settings())
 
 
+class DeadLetterConsumer(Consumer):
+    """Celery's consumer, keeping undecodable messages in ``dead_letters`` before it acks them."""
+
+    def on_decode_error(self, message, exc):
+        _dead_letter(message, f"cannot decode the message body: {type(exc).__name__}: {exc}")
+        super().on_decode_error(message, exc)
+
+
+def _dead_letter(message, reason: str) -> None:
+    from worker.attempt import dead_letter
+
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    try:
+        dead_letter(
+            runtime.get_runtime(),
+            body=message.body,
+            reason=reason,
+            queue=(message.delivery_info or {}).get("routing_key"),
+            task=headers.get("task"),
+            message_id=headers.get("id"),
+        )
+    except Exception:  # the consumer must go on whatever the message was
+        logger.exception("cannot keep a dead letter: %s", reason)
+
+
+@signals.task_rejected.connect
+def keep_rejected_message(sender=None, message=None, exc=None, **kwargs) -> None:
+    """A message that is not a Celery task message, or an invalid one."""
+    reason = "not a task message" if exc is None else f"invalid task message: {type(exc).__name__}: {exc}"
+    _dead_letter(message, reason)
+
+
+@signals.task_unknown.connect
+def keep_unknown_task(sender=None, message=None, exc=None, name=None, **kwargs) -> None:
+    """A task message for a task weir does not have."""
+    _dead_letter(message, f"unknown task {name!r}")
+
+
 @signals.worker_init.connect
 def start_engine(sender=None, **kwargs) -> None:
     """Build the engine before the worker consumes anything; a worker that cannot load it exits."""
     if getattr(sender, "app", None) is not app:
         return
+    settings = get_settings()
+    for problem in settings.worker.delivery_problems():
+        logger.warning("inconsistent delivery settings: %s", problem)
     try:
         runtime.start_runtime()
     except Exception as exc:
         logger.exception("cannot start the engine")
         # Celery logs and swallows exceptions from signal handlers; SystemExit gets through.
         raise SystemExit(f"weir worker: cannot start the engine: {type(exc).__name__}: {exc}") from exc
+
+
+@signals.worker_shutting_down.connect
+def start_grace_period(sig=None, how=None, **kwargs) -> None:
+    """Warm shutdown: running jobs get ``WEIR_SHUTDOWN_TIMEOUT_S``, then go back to the queue."""
+    worker_runtime = runtime.current_runtime()
+    if worker_runtime is not None and how == "Warm":
+        worker_runtime.begin_shutdown(worker_runtime.settings.worker.shutdown_timeout_s)
 
 
 @signals.worker_shutdown.connect

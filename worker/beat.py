@@ -1,4 +1,5 @@
-"""Periodic work: the nightly catalog enrichment (run ``weir worker --beat`` or ``celery beat``)."""
+"""Periodic work: the sweeper and the nightly catalog enrichment (run ``weir worker --beat`` or
+``celery beat``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from jobs import names
 from weir.config import Settings
 
 NIGHTLY_ENRICHMENT = "enrich-catalog-nightly"
+SWEEP = "sweep-lost-jobs"
 
 
 def cron(line: str) -> crontab:
@@ -30,20 +32,23 @@ def cron(line: str) -> crontab:
 
 
 def beat_schedule(settings: Settings) -> dict:
-    """Celery's ``beat_schedule``: the nightly enrichment of ``WEIR_CATALOG_PATH``, when it is set.
+    """Celery's ``beat_schedule``: the sweeper, and the nightly enrichment when
+    ``WEIR_CATALOG_PATH`` is set.
 
-    The entry publishes :data:`jobs.names.ENRICH_CATALOG` to the model's queue at
-    ``WEIR_CATALOG_SCHEDULE`` (cron, UTC); the task only enqueues the batch, the same workers run it.
+    The sweeper (:data:`jobs.names.SWEEP`) runs every ``WEIR_SWEEP_INTERVAL_S`` seconds and
+    publishes again the jobs whose message may be lost. The nightly entry publishes
+    :data:`jobs.names.ENRICH_CATALOG` at ``WEIR_CATALOG_SCHEDULE`` (cron, UTC); the task only
+    enqueues the batch, the same workers run it. Both go to the model's queue.
     """
-    if not settings.worker.catalog_path:
-        return {}
-    return {
-        NIGHTLY_ENRICHMENT: {
+    options = {"queue": names.queue_for_model(settings.engine.model, settings.worker.queue)}
+    schedule = {
+        SWEEP: {"task": names.SWEEP, "schedule": settings.worker.sweep_interval_s, "options": options}
+    }
+    if settings.worker.catalog_path:
+        schedule[NIGHTLY_ENRICHMENT] = {
             "task": names.ENRICH_CATALOG,
             "schedule": cron(settings.worker.catalog_schedule),
             "args": (settings.worker.catalog_path,),
-            "options": {
-                "queue": names.queue_for_model(settings.engine.model, settings.worker.queue)
-            },
+            "options": options,
         }
-    }
+    return schedule

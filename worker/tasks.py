@@ -1,63 +1,65 @@
 """Celery tasks: thin adapters between a queue message, the engine and the results database.
 
-Each task: load and claim the job row, run it through the engine, upsert the result (and the
-product's enrichment row), return so Celery acknowledges the message. Logic lives in
-``jobs.store`` (database), ``worker.runtime`` (engine) and ``jobs.catalog`` (enrichment batches).
+``run_job`` hands one delivery to :func:`worker.attempt.run_attempt` (claim, run, store) and maps
+its outcome onto Celery: return (ack), ``Reject(requeue=True)`` (back to the queue) or
+``retry`` (published again after a backoff). Logic lives in ``worker.attempt``, ``jobs.store``
+(database), ``worker.runtime`` (engine) and ``jobs.catalog`` (enrichment batches).
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from celery.exceptions import Reject
 
-from jobs import names, store
+from jobs import names
 from weir.config import get_settings
 from worker.app import app
-from worker.runtime import EngineStopping, get_runtime
+from worker.attempt import MalformedMessage, Outcome, dead_letter, parse_job_id, run_attempt
+from worker.runtime import get_runtime
 
 logger = logging.getLogger(__name__)
 
-MAX_RETRY_DELAY_S = 60
 
+@app.task(name=names.RUN_JOB, bind=True, max_retries=None, typing=False)
+def run_job(self, *args, **kwargs) -> None:
+    """Run the job row named by the message's one argument (a job id) and store its result.
 
-def _is_transient(exc: Exception) -> bool:
-    """Database errors worth retrying: lost connections, lock timeouts, deadlocks, busy SQLite."""
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
-
-
-@app.task(name=names.RUN_JOB, bind=True, max_retries=get_settings().worker.max_retries)
-def run_job(self, job_id: str) -> None:
-    """Run the job row ``job_id`` and store its result; a finished or unknown job is skipped.
+    A message with other arguments is kept in ``dead_letters`` and acked; a finished, cancelled
+    or unknown job is skipped.
 
     Raises:
-        celery.exceptions.Retry: a transient database error; retried with exponential backoff.
-        celery.exceptions.Reject: the engine is shutting down; the message goes back to the queue.
+        celery.exceptions.Reject: the engine is shutting down or the database stayed unreachable;
+            the message goes back to the queue.
+        celery.exceptions.Retry: the attempt timed out and the job has attempts left.
     """
     runtime = get_runtime()
     try:
-        with runtime.session_factory.begin() as session:
-            job = store.claim_job(session, uuid.UUID(job_id))
-        if job is None:
-            logger.info("job %s: nothing to run (finished, cancelled or unknown)", job_id)
-            return
-        result = runtime.run(job)
-        with runtime.session_factory.begin() as session:
-            if store.record_result(session, job, result):
-                store.record_enrichment(session, job, result, model=runtime.model_name)
-    except EngineStopping as exc:
-        from celery.exceptions import Reject
+        job_id = parse_job_id(args, kwargs)
+    except MalformedMessage as exc:
+        dead_letter(runtime, body={"args": list(args), "kwargs": kwargs}, reason=str(exc),
+                    queue=(self.request.delivery_info or {}).get("routing_key"), task=self.name,
+                    message_id=self.request.id)
+        return
+    attempt = run_attempt(runtime, job_id, worker=self.request.hostname or "")
+    if attempt.outcome == Outcome.REQUEUE:
+        logger.warning("job %s back to the queue: %s", job_id, attempt.reason)
+        raise Reject(attempt.reason, requeue=True)
+    if attempt.outcome == Outcome.RETRY:
+        logger.warning("job %s: %s; retry in %ds", job_id, attempt.reason, attempt.countdown_s)
+        raise self.retry(countdown=attempt.countdown_s)
 
-        raise Reject(str(exc), requeue=True) from exc
-    except Exception as exc:
-        if not _is_transient(exc):
-            raise
-        delay_s = min(2**self.request.retries, MAX_RETRY_DELAY_S)
-        logger.warning("job %s: database error, retry in %ds: %s", job_id, delay_s, exc)
-        raise self.retry(exc=exc, countdown=delay_s)
+
+@app.task(name=names.SWEEP)
+def sweep() -> int:
+    """Publish again the jobs whose message may be lost (the periodic beat entry); returns how many."""
+    from jobs.client import Client
+
+    client = Client(get_settings())
+    try:
+        return client.sweep()
+    finally:
+        client.close()
 
 
 @app.task(name=names.ENRICH_CATALOG)

@@ -7,9 +7,9 @@ from sqlalchemy import inspect
 
 import migrations
 from jobs.db import Base, make_engine
-from tests.jobs import support
+from tests import support
 
-TABLES = {"alembic_version", "batches", "jobs", "product_enrichment"}
+TABLES = {"alembic_version", "batches", "dead_letters", "jobs", "product_enrichment"}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

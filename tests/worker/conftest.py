@@ -7,25 +7,9 @@ import uuid
 
 import pytest
 
-from tests.jobs import support
+from tests import support
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="session")
-def postgres_url():
-    with support.fresh_postgres_database() as url:
-        yield url
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    return support.tiny_chat_model_dir(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def redis_url():
-    return support.redis_or_skip()
 
 
 @pytest.fixture

@@ -3,11 +3,15 @@ from celery.schedules import crontab
 
 from jobs import names
 from weir.config import EngineSettings, Settings, WorkerSettings
-from worker.beat import NIGHTLY_ENRICHMENT, beat_schedule, cron
+from worker.beat import NIGHTLY_ENRICHMENT, SWEEP, beat_schedule, cron
 
 
-def test_no_catalog_no_schedule():
-    assert beat_schedule(Settings(worker=WorkerSettings(catalog_path=None))) == {}
+def test_without_a_catalog_only_the_sweeper_runs():
+    settings = Settings(engine=EngineSettings(model=""),
+                        worker=WorkerSettings(catalog_path=None, queue=None, sweep_interval_s=120))
+    assert beat_schedule(settings) == {
+        SWEEP: {"task": names.SWEEP, "schedule": 120.0, "options": {"queue": "weir.SmolLM2-135M-Instruct"}}
+    }
 
 
 def test_nightly_enrichment_entry():

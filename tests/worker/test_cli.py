@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import migrations
-from tests.jobs import support
+from tests import support
 from tests.worker.conftest import REPO_ROOT
 
 
