@@ -153,6 +153,13 @@ def test_deltas_concatenate_to_the_final_text(tok):
     assert "".join(deltas) == det.get_next_output_text(delta=False) == "Fresh 🍎 ताज़ा"
 
 
+def test_fast_tokenizers_use_the_tokenizers_decode_stream(tok):
+    from engine.detokenizer import _LibraryDecoder, _WindowDecoder
+
+    assert isinstance(IncrementalDetokenizer(tok, [])._decoder, _LibraryDecoder)
+    assert isinstance(IncrementalDetokenizer(DecodeOnly(tok), [])._decoder, _WindowDecoder)
+
+
 def test_window_decoder_for_tokenizers_without_a_backend(tok):
     ids = encode(tok, "Fresh 🍎🥭 ताज़ा") + [IM_END] + encode(tok, " 日本")
     for skip in (True, False):
@@ -269,7 +276,7 @@ def texts(min_size=0, max_size=20):
     return st.lists(PIECES, min_size=min_size, max_size=max_size).map("".join)
 
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @SETTINGS
