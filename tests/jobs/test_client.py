@@ -183,3 +183,27 @@ def test_cancel(client):
     batch_id = client.enqueue_batch([GenerateRequest(prompt="a")])
     assert client.cancel(batch_id).status == BatchStatus.CANCELLED
     assert client.results(batch_id)[0]["status"] == "cancelled"
+
+
+def test_broker_down_at_publish_raises_and_the_sweeper_publishes_later(postgres_url, tiny_model_dir, queue, celery_app):
+    from jobs.client import PublishError
+
+    settings = Settings(
+        engine=EngineSettings(model=tiny_model_dir),
+        worker=WorkerSettings(queue=queue, broker_url="redis://127.0.0.1:1/0"),
+        database=DatabaseSettings(database_url=postgres_url),
+    )
+    down = Client(settings)
+    with pytest.raises(PublishError, match=r"is stored but 2 jobs were not published .*`weir sweep`") as info:
+        down.enqueue_batch([GenerateRequest(prompt="a"), GenerateRequest(prompt="b")])
+    batch_id = info.value.batch_id
+    jobs = down.jobs(batch_id)
+    down.close()
+    assert [(j.status, j.published_at) for j in jobs] == [(JobStatus.QUEUED, None)] * 2
+
+    up = Client(settings.model_copy(update={"worker": WorkerSettings(queue=queue)}), celery_app=celery_app)
+    assert up.sweep(older_than_s=3600) == 2
+    assert up.sweep(older_than_s=3600) == 0  # running it twice is harmless
+    assert sorted(args[0] for _, args, _ in published(celery_app, queue)) == sorted(str(j.id) for j in jobs)
+    assert all(j.published_at is not None for j in up.jobs(batch_id))
+    up.close()

@@ -234,3 +234,86 @@ def test_concurrent_results_keep_exact_counts(session_factory):
     assert (batch.num_succeeded, batch.num_failed) == (num_jobs - num_failed, num_failed)
     assert batch.status == (BatchStatus.FAILED if num_failed == num_jobs else BatchStatus.COMPLETED)
     assert all(j.attempts == 1 for j in jobs)
+
+
+def test_claim_records_the_worker_and_fails_a_job_out_of_attempts(session_factory):
+    batch_id, job_ids = make_batch(session_factory, num_jobs=2)
+    for attempt in (1, 2):
+        with session_factory.begin() as session:
+            job = store.claim_job(session, job_ids[0], worker=f"w{attempt}", max_attempts=2)
+        assert (job.attempts, job.worker, job.status) == (attempt, f"w{attempt}", JobStatus.RUNNING)
+    with session_factory.begin() as session:  # a third delivery: both attempts lost their worker
+        assert store.claim_job(session, job_ids[0], worker="w3", max_attempts=2) is None
+    batch, jobs = load(session_factory, batch_id)
+    assert (jobs[0].status, jobs[0].attempts, jobs[0].worker) == (JobStatus.FAILED, 2, "w2")
+    assert jobs[0].error == "gave up after 2 attempts: each one lost its worker or ran out of time"
+    assert (batch.num_failed, batch.num_succeeded, batch.status) == (1, 0, BatchStatus.IN_PROGRESS)
+
+
+def test_cancel_batch_cancels_running_jobs_and_drops_their_late_result(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    run(session_factory, job_ids[0], ok())
+    with session_factory.begin() as session:
+        running = store.claim_job(session, job_ids[1])
+    with session_factory.begin() as session:
+        store.cancel_batch(session, batch_id)
+    with session_factory() as session:
+        assert store.job_status(session, job_ids[1]) == JobStatus.CANCELLED
+    with session_factory.begin() as session:
+        assert store.record_result(session, running, ok("late")) is False
+    batch, jobs = load(session_factory, batch_id)
+    assert [(j.status, j.output_text) for j in jobs] == [
+        (JobStatus.SUCCEEDED, "out"), (JobStatus.CANCELLED, None), (JobStatus.CANCELLED, None)]
+    assert (batch.status, batch.num_succeeded, batch.num_cancelled) == (BatchStatus.CANCELLED, 1, 2)
+
+
+def test_cancel_one_job(session_factory):
+    batch_id, job_ids = make_batch(session_factory, num_jobs=2)
+    with session_factory.begin() as session:
+        assert store.cancel_job(session, job_ids[0]).status == JobStatus.CANCELLED
+    assert run(session_factory, job_ids[0], ok()) is None
+    run(session_factory, job_ids[1], ok())
+    batch, _ = load(session_factory, batch_id)
+    assert (batch.status, batch.num_cancelled, batch.num_succeeded) == (BatchStatus.COMPLETED, 1, 1)
+    with session_factory.begin() as session, pytest.raises(LookupError):
+        store.cancel_job(session, uuid.uuid4())
+
+
+def test_sweeper_takes_lost_jobs_once(session_factory):
+    from datetime import timedelta
+
+    from jobs.db import utcnow
+
+    model = f"sweep-{uuid.uuid4().hex[:8]}"  # the database is shared with other tests
+    with session_factory.begin() as session:
+        _, jobs = store.create_batch(session, [GenerateRequest(prompt=f"p{i}") for i in range(4)], model=model)
+    job_ids = [job.id for job in jobs]
+    with session_factory.begin() as session:
+        store.claim_job(session, job_ids[1])  # running, claimed just now: its worker is alive
+        store.claim_job(session, job_ids[2])
+    run(session_factory, job_ids[3], ok())
+    with session_factory.begin() as session:
+        store.mark_published(session, [job_ids[0]], None)  # its publish failed
+        assert store.take_jobs_to_publish(session, model=model, older_than=utcnow() - timedelta(seconds=60)) == [
+            job_ids[0]]
+    with session_factory.begin() as session:  # a second sweep right after finds nothing
+        assert store.take_jobs_to_publish(session, model=model, older_than=utcnow() - timedelta(seconds=60)) == []
+    later = utcnow() + timedelta(seconds=1)  # every unfinished job is now past the deadline
+    with session_factory.begin() as session:
+        taken = store.take_jobs_to_publish(session, model=model, older_than=later)
+        assert store.take_jobs_to_publish(session, model="other", older_than=later) == []
+    assert sorted(taken) == sorted(job_ids[:3])
+
+
+def test_dead_letters_keep_body_and_reason(session_factory):
+    from jobs.db import DeadLetter
+
+    with session_factory.begin() as session:
+        store.record_dead_letter(session, body=b"{not json\x00", reason="cannot decode", queue="q", task=None)
+        store.record_dead_letter(session, body={"args": [1]}, reason="bad args", task="weir.run_job",
+                                 message_id="m-1")
+    with session_factory() as session:
+        rows = session.execute(select(DeadLetter.body, DeadLetter.reason, DeadLetter.queue, DeadLetter.task,
+                                      DeadLetter.message_id).order_by(DeadLetter.received_at)).all()
+    assert rows[-2:] == [("{not json\ufffd", "cannot decode", "q", None, None),
+                         ("{'args': [1]}", "bad args", None, "weir.run_job", "m-1")]
