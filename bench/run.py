@@ -6,6 +6,9 @@ Usage::
 
 Metric: useful generated tokens (up to and including EOS) per second of wall time, prefill
 included, model already loaded and warmed up. Prints one line per system and weir's ratio to each.
+Also prints each system's achieved GFLOP/s of model math (useful work: prefix-cache hits excluded
+for weir, padding and tokens past EOS excluded for HF) against this machine's measured matmul peak
+(:mod:`bench.roofline`). W-cls is ``weir bench cls`` (:mod:`bench.cls`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 
 import torch
 
+from bench.roofline import ModelShape, format_rate, generation_flops, matmul_peak
 from bench.workloads import W_GEN_MAX_TOKENS, w_gen_messages
 
 
@@ -41,7 +45,7 @@ def run_weir(llm, prompts, repeats):
         outs = llm.generate(prompts, sp)
         times.append(time.perf_counter() - t)
         toks = sum(len(o.outputs[0].token_ids) for o in outs)
-    return toks, statistics.median(times), [o.outputs[0].token_ids for o in outs]
+    return toks, statistics.median(times), [o.outputs[0].token_ids for o in outs], outs
 
 
 def run_hf_static(hf, prompts, batch_size, eos, pad_id):
@@ -71,8 +75,8 @@ def run_hf_cb(hf, prompts, eos, pad_id):
     with torch.inference_mode():
         res = hf.generate_batch(prompts, generation_config=gc, progress_bar=False)
     dt = time.perf_counter() - t
-    toks = sum(useful_tokens(list(r.generated_tokens), eos) for r in res.values())
-    return toks, dt
+    lens = [(len(r.prompt_ids), useful_tokens(list(r.generated_tokens), eos)) for r in res.values()]
+    return sum(n for _, n in lens), dt, lens
 
 
 def main(argv=None) -> int:
@@ -94,20 +98,31 @@ def main(argv=None) -> int:
     prompts = [llm.encode_prompt(m) for m in w_gen_messages(args.n)]
     eos = set(llm.llm_engine.eos_token_ids)
     results = []
+    shape = ModelShape.from_config(llm.llm_engine.config)
+    peak = matmul_peak(shape, llm.llm_engine.dtype, str(llm.llm_engine.device))["peak"]
+    print(f"{'matmul peak':<24} {peak:>8.1f} GFLOP/s", flush=True)
 
-    def report(system, toks, secs, **extra):
+    def report(system, toks, secs, flops=None, **extra):
         row = {"workload": "W-gen", "n": args.n, "system": system, "useful_tokens": toks,
                "seconds": round(secs, 3), "tok_per_s": round(toks / secs, 2), **extra}
+        if flops is not None:
+            row.update(model_gflops_per_s=round(flops / secs / 1e9, 2), matmul_peak_gflops=round(peak, 1),
+                       fraction_of_matmul_peak=round(flops / secs / 1e9 / peak, 4))
         results.append(row)
         print(f"{system:<24} {toks:>6} tokens {secs:>8.2f} s {toks / secs:>9.1f} tok/s", flush=True)
+        if flops is not None:
+            print(format_rate(system, flops, secs, peak), flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
     weir_outs = None
     if "weir" in systems:
-        toks, secs, weir_outs = run_weir(llm, prompts, args.repeats)
-        report("weir", toks, secs, stats=llm.stats())
+        toks, secs, weir_outs, outs = run_weir(llm, prompts, args.repeats)
+        # weir's model math: prompt tokens served from the prefix cache are not computed
+        fc = generation_flops(shape, [(len(o.prompt_token_ids), o.num_cached_tokens, len(o.outputs[0].token_ids))
+                                      for o in outs])
+        report("weir", toks, secs, fc.flops, stats=llm.stats())
     if "hf-static" in systems or "hf-cb" in systems:
         from transformers import AutoModelForCausalLM
 
@@ -119,11 +134,14 @@ def main(argv=None) -> int:
             for bs in [int(b) for b in args.batch_sizes.split(",")]:
                 toks, secs, outs = run_hf_static(hf, prompts, bs, eos, pad_id)
                 same = sum(a == b for a, b in zip(outs, weir_outs)) if weir_outs else None
-                report(f"hf-static-bs{bs}", toks, secs, same_tokens_as_weir=same)
+                # useful work only: padded positions and tokens past EOS are wasted
+                fc = generation_flops(shape, [(len(p), 0, len(o)) for p, o in zip(prompts, outs)])
+                report(f"hf-static-bs{bs}", toks, secs, fc.flops, same_tokens_as_weir=same)
         if "hf-cb" in systems:
             try:
-                toks, secs = run_hf_cb(hf, prompts, eos, pad_id)
-                report("hf-continuous-batching", toks, secs)
+                toks, secs, lens = run_hf_cb(hf, prompts, eos, pad_id)
+                fc = generation_flops(shape, [(p, 0, n) for p, n in lens])
+                report("hf-continuous-batching", toks, secs, fc.flops)
             except Exception as e:  # the peer's own failure is reported, not hidden
                 print(f"hf-continuous-batching failed: {type(e).__name__}: {e}")
     weir = next((r for r in results if r["system"] == "weir"), None)
