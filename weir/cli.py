@@ -209,10 +209,16 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(argv: Sequence[str]) -> int:
-    """Hand the remaining arguments to ``bench.run:main``."""
+    """``weir bench cls ...`` hands the rest to ``bench.cls:main`` (W-cls); anything else goes to
+    ``bench.run:main`` (W-gen)."""
+    argv = list(argv)
+    if argv and argv[0] == "cls":
+        from bench.cls import main as cls_main
+
+        return cls_main(argv[1:]) or EXIT_OK
     from bench.run import main as bench_main
 
-    return bench_main(list(argv)) or EXIT_OK
+    return bench_main(argv) or EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     downgrade.add_argument("revision")
     db.set_defaults(func=cmd_db)
 
-    commands.add_parser("bench", help="benchmarks (arguments go to bench.run)", add_help=False)
+    commands.add_parser("bench", help="benchmarks: W-gen (bench.run), `bench cls` W-cls (bench.cls)",
+                        add_help=False)
     return parser
 
 
