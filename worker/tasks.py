@@ -42,6 +42,7 @@ def run_job(self, *args, **kwargs) -> None:
                     message_id=self.request.id)
         return
     attempt = run_attempt(runtime, job_id, worker=self.request.hostname or "")
+    logger.info("job %s: %s", job_id, attempt.reason)
     if attempt.outcome == Outcome.REQUEUE:
         logger.warning("job %s back to the queue: %s", job_id, attempt.reason)
         raise Reject(attempt.reason, requeue=True)

@@ -7,7 +7,6 @@ import uuid
 
 import pytest
 
-from tests import support
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,6 +56,16 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout_s)
 
+    def sigkill(self) -> None:
+        """Kill the process at once (no shutdown, unacked messages stay with Redis)."""
+        self.proc.kill()
+        self.proc.wait()
+
+    @property
+    def hostname(self) -> str:
+        """The Celery hostname the worker stores on the jobs it claims."""
+        return f"weir-{self.proc.pid}@{os.uname().nodename}"
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -80,6 +89,22 @@ def worker_env(postgres_url, tiny_model_dir, redis_url, queue):
         OMP_NUM_THREADS="1",
     )
     return env
+
+
+@pytest.fixture
+def client(worker_env):
+    """A producer ``Client`` for the workers' queue, database and model."""
+    from jobs.client import Client
+    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+
+    settings = Settings(
+        engine=EngineSettings(model=worker_env["WEIR_MODEL"]),
+        worker=WorkerSettings(broker_url=worker_env["WEIR_BROKER_URL"], queue=worker_env["WEIR_QUEUE"]),
+        database=DatabaseSettings(database_url=worker_env["WEIR_DATABASE_URL"]),
+    )
+    client = Client(settings)
+    yield client
+    client.close()
 
 
 @pytest.fixture

@@ -5,25 +5,11 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from jobs.client import Client
 from jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
 from jobs.model_info import PromptChecker, load_tokenizer
 from jobs.schemas import ClassifyRequest, GenerateRequest
-from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def client(worker_env):
-    settings = Settings(
-        engine=EngineSettings(model=worker_env["WEIR_MODEL"]),
-        worker=WorkerSettings(broker_url=worker_env["WEIR_BROKER_URL"], queue=worker_env["WEIR_QUEUE"]),
-        database=DatabaseSettings(database_url=worker_env["WEIR_DATABASE_URL"]),
-    )
-    client = Client(settings)
-    yield client
-    client.close()
 
 
 def test_failed_job_is_recorded_and_the_worker_goes_on(start_worker, client, worker_env):

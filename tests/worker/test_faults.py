@@ -1,0 +1,382 @@
+"""Fault injection against real ``weir worker`` processes, real Redis and real Postgres.
+
+Every test ends by counting rows: each job has exactly one row, in the state the guarantees in
+README "Guarantees" promise, with the exact number of attempts its deliveries took.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from sqlalchemy import make_url, select, text
+
+from jobs import names, store
+from jobs.db import BatchStatus, DeadLetter, Job, JobStatus, ProductEnrichment
+from jobs.schemas import ClassifyRequest, GenerateRequest
+
+pytestmark = pytest.mark.integration
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Redis gives an unacked message back 6 s after its fetch; an attempt may take 2 s, a result
+# write may retry 1 s: 2 * 2 + 1 < 6, the consistent setting for fast redelivery.
+FAST_REDELIVERY = dict(WEIR_VISIBILITY_TIMEOUT_S="6", WEIR_JOB_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s=120.0, interval_s=0.05, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"{what} not reached after {timeout_s}s")
+
+
+def rows(client, batch_id):
+    """custom_id -> (status, attempts, worker, output_text) of every row of the batch."""
+    with client.session_factory() as session:
+        found = session.execute(
+            select(Job.custom_id, Job.status, Job.attempts, Job.worker, Job.output_text)
+            .where(Job.batch_id == batch_id)
+        ).all()
+    table = {r.custom_id: (r.status, r.attempts, r.worker, r.output_text) for r in found}
+    assert len(table) == len(found), "a custom_id has two rows"
+    return table
+
+
+def with_status(table, status):
+    return {custom_id for custom_id, row in table.items() if row[0] == status}
+
+
+def generate_batch(client, num_jobs, max_tokens, prefix="job"):
+    return client.enqueue_batch([
+        GenerateRequest(prompt=f"Product number {i}", custom_id=f"{prefix}-{i}", temperature=0, max_tokens=max_tokens)
+        for i in range(num_jobs)
+    ])
+
+
+def assert_each_succeeded_once(client, batch_id, num_jobs, prefix="job"):
+    final = client.batch_status(batch_id)
+    table = rows(client, batch_id)
+    assert sorted(table) == sorted(f"{prefix}-{i}" for i in range(num_jobs))
+    assert with_status(table, JobStatus.SUCCEEDED) == set(table)
+    assert (final.status, final.num_succeeded, final.num_failed, final.num_cancelled) == (
+        BatchStatus.COMPLETED, num_jobs, 0, 0)
+    return table
+
+
+def test_sigkill_mid_batch_then_restart_leaves_one_row_per_job(start_worker, client):
+    num_jobs = 60
+    worker = start_worker(**FAST_REDELIVERY)
+    batch_id = generate_batch(client, num_jobs, max_tokens=24)
+    wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 8
+               and with_status(rows(client, batch_id), JobStatus.RUNNING), what="8 done, some running")
+    worker.sigkill()
+    at_kill = rows(client, batch_id)
+    interrupted = with_status(at_kill, JobStatus.RUNNING)
+    assert interrupted and 8 <= len(with_status(at_kill, JobStatus.SUCCEEDED)) < num_jobs
+
+    start_worker(**FAST_REDELIVERY)
+    client.wait(batch_id, timeout_s=120)
+
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    # The jobs the kill cut short ran once more (Redis redelivered them); no other job did.
+    assert {c: row[1] for c, row in table.items()} == {c: 2 if c in interrupted else 1 for c in table}
+
+
+def test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them(start_worker, client):
+    num_jobs = 10
+    settings = dict(WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_SHUTDOWN_TIMEOUT_S="0.5")
+    worker = start_worker(**settings)
+    batch_id = generate_batch(client, num_jobs, max_tokens=480)  # ~1.3 s each alone
+    done = wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 2 and
+                      client.batch_status(batch_id).num_succeeded, what="2 jobs done")
+    # Right after a job finishes its thread starts the next one, which needs > 1 s more.
+    wait_until(lambda: client.batch_status(batch_id).num_succeeded > done, interval_s=0.01, what="next job")
+    started = time.monotonic()
+    assert worker.terminate(timeout_s=60) == 0
+    shutdown_s = time.monotonic() - started
+
+    stopped = rows(client, batch_id)
+    put_back = with_status(stopped, JobStatus.RUNNING)
+    assert shutdown_s < 10, f"warm shutdown took {shutdown_s:.1f}s with a 0.5 s grace period"
+    assert put_back, "a job past the grace period must have been put back"
+    assert with_status(stopped, JobStatus.FAILED) == set()
+    assert f"shutdown grace period over: {len(put_back)} running jobs go back to the queue" in worker.log()
+
+    start_worker()
+    client.wait(batch_id, timeout_s=180)
+
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    assert {c: row[1] for c, row in table.items()} == {c: 2 if c in put_back else 1 for c in table}
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A ``redis-server`` of this test alone, without persistence, that the test may restart."""
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+               "--dir", str(tmp_path)]
+    procs = []
+
+    def start():
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        import redis
+
+        wait_until(lambda: _pings(redis, port), timeout_s=10, what="redis up")
+        return proc
+
+    start()
+    yield port, procs, start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _pings(redis, port):
+    try:
+        return redis.Redis(port=port, socket_connect_timeout=0.2).ping()
+    except redis.exceptions.ConnectionError:
+        return False
+
+
+def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_messages(
+    private_redis, start_worker, worker_env
+):
+    from jobs.client import Client
+    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+
+    port, procs, start_redis = private_redis
+    broker_url = f"redis://127.0.0.1:{port}/0"
+    num_jobs = 50
+    worker = start_worker(WEIR_BROKER_URL=broker_url, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    client = Client(Settings(
+        engine=EngineSettings(model=worker_env["WEIR_MODEL"]),
+        worker=WorkerSettings(broker_url=broker_url, queue=worker_env["WEIR_QUEUE"]),
+        database=DatabaseSettings(database_url=worker_env["WEIR_DATABASE_URL"]),
+    ))
+    try:
+        batch_id = generate_batch(client, num_jobs, max_tokens=32)
+        wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 6, what="6 jobs done")
+        procs[-1].kill()  # Redis dies without saving: every queued and unacked message is gone
+        procs[-1].wait()
+        time.sleep(1)
+        start_redis()
+        num_republished = 0
+        deadline = time.monotonic() + 120
+        while not client.batch_status(batch_id).status.is_finished:
+            assert time.monotonic() < deadline, "batch not finished 120 s after the Redis restart"
+            # What a periodic sweeper with a 3 s deadline does.
+            num_republished += client.sweep(older_than_s=3)
+            time.sleep(1)
+
+        assert_each_succeeded_once(client, batch_id, num_jobs)
+        assert num_republished >= 1
+        assert worker.is_alive()
+        assert "Connection to broker lost" in worker.log()
+    finally:
+        client.close()
+
+
+def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, client, worker_env):
+    proxy_port = free_port()
+    url = make_url(worker_env["WEIR_DATABASE_URL"])
+    proxy_command = [sys.executable, os.path.join(HERE, "tcp_proxy.py"), str(proxy_port), url.host, str(url.port or 5432)]
+
+    def start_proxy():
+        proc = subprocess.Popen(proxy_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout.readline().strip() == b"listening"
+        return proc
+
+    proxy = start_proxy()
+    num_jobs = 50
+    try:
+        worker = start_worker(
+            WEIR_DATABASE_URL=url.set(port=proxy_port).render_as_string(hide_password=False),
+            WEIR_DB_RETRY_TIMEOUT_S="60",
+        )
+        batch_id = generate_batch(client, num_jobs, max_tokens=24)
+        wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 8, what="8 jobs done")
+        proxy.kill()  # every connection of the worker drops; new ones are refused
+        proxy.wait()
+        time.sleep(1)
+        during = client.batch_status(batch_id).num_succeeded
+        time.sleep(9)
+        assert client.batch_status(batch_id).num_succeeded == during, "a result was stored without the database"
+        assert during < num_jobs
+        proxy = start_proxy()
+        client.wait(batch_id, timeout_s=120)
+
+        table = assert_each_succeeded_once(client, batch_id, num_jobs)
+        # Nothing was acked without its result, so nothing was delivered twice.
+        assert {row[1] for row in table.values()} == {1}
+        assert "transient database error" in worker.log()
+        assert worker.is_alive()
+    finally:
+        proxy.kill()
+        proxy.wait()
+
+
+def test_redelivery_past_a_short_visibility_timeout_makes_one_row_with_two_attempts(start_worker, client):
+    # The job is slow because its batch row is locked: both deliveries wait in claim_job.
+    worker = start_worker(WEIR_VISIBILITY_TIMEOUT_S="4", WEIR_JOB_TIMEOUT_S="1", WEIR_DB_RETRY_TIMEOUT_S="1",
+                          WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    product_id = f"dup-{uuid.uuid4().hex[:8]}"
+    with client.session_factory.begin() as session:
+        batch, [job] = store.create_batch(
+            session, [GenerateRequest(prompt="A slow one", max_tokens=8, metadata={"product_id": product_id})],
+            model=client.model,
+        )
+    lock = client.session_factory()
+    store.lock_batch(lock, batch.id)
+    message = client.celery_app.send_task(names.RUN_JOB, args=[str(job.id)], queue=client.queue)
+    received = f"Task {names.RUN_JOB}[{message.id}] received"
+    wait_until(lambda: worker.log().count(received) == 2, timeout_s=30, what="the second delivery")
+    lock.rollback()
+    lock.close()
+    client.wait(batch.id, timeout_s=60)
+
+    table = rows(client, batch.id)
+    assert list(table.values()) == [(JobStatus.SUCCEEDED, 2, worker.hostname, table["0"][3])]
+    with client.session_factory() as session:
+        # One transaction wrote the result and the enrichment; the other delivery wrote neither.
+        job_xmin = session.execute(text("SELECT xmin::text FROM jobs WHERE id = :id"), {"id": job.id}).scalar_one()
+        enrichment_xmin = session.execute(text("SELECT xmin::text FROM product_enrichment WHERE product_id = :p"),
+                                          {"p": product_id}).scalar_one()
+        enrichment = session.get(ProductEnrichment, product_id)
+    assert job_xmin == enrichment_xmin
+    assert enrichment.description == table["0"][3]
+
+
+def test_two_workers_share_a_queue_and_killing_one_loses_nothing(start_worker, client):
+    num_jobs = 60
+    settings = dict(FAST_REDELIVERY, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    first, second = start_worker(**settings), start_worker(**settings)
+    batch_id = generate_batch(client, num_jobs, max_tokens=24)
+
+    def first_is_busy():
+        table = rows(client, batch_id)
+        running = {c for c, row in table.items() if row[0] == JobStatus.RUNNING and row[2] == first.hostname}
+        return len(with_status(table, JobStatus.SUCCEEDED)) >= 10 and running
+
+    wait_until(first_is_busy, what="10 done, the first worker running a job")
+    first.sigkill()
+    at_kill = rows(client, batch_id)
+    interrupted = {c for c, row in at_kill.items() if row[0] == JobStatus.RUNNING and row[2] == first.hostname}
+    client.wait(batch_id, timeout_s=120)
+
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    by_worker = {first.hostname: 0, second.hostname: 0}
+    for row in table.values():
+        by_worker[row[2]] += 1
+    assert by_worker[first.hostname] >= 1 and by_worker[second.hostname] >= 1
+    assert sum(by_worker.values()) == num_jobs
+    assert {c: (row[1], row[2]) for c, row in table.items() if c in interrupted} == {
+        c: (2, second.hostname) for c in interrupted}
+    assert {row[1] for c, row in table.items() if c not in interrupted} == {1}
+
+
+def test_poison_job_fails_after_max_attempts_and_the_others_succeed(start_worker, client):
+    start_worker(WEIR_JOB_TIMEOUT_S="0.6", WEIR_MAX_ATTEMPTS="2", WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    requests = [GenerateRequest(prompt=f"Item {i}", custom_id=f"good-{i}", temperature=0, max_tokens=2)
+                for i in range(12)]
+    # 480 tokens take ~1.3 s on this model: past the 0.6 s job timeout on every attempt.
+    requests.insert(3, GenerateRequest(prompt="Poison", custom_id="poison", temperature=0, max_tokens=480))
+    batch_id = client.enqueue_batch(requests)
+
+    final = client.wait(batch_id, timeout_s=120)
+
+    table = rows(client, batch_id)
+    assert (final.status, final.num_succeeded, final.num_failed) == (BatchStatus.COMPLETED, 12, 1)
+    assert {c: row[:2] for c, row in table.items()} == {
+        **{f"good-{i}": (JobStatus.SUCCEEDED, 1) for i in range(12)}, "poison": (JobStatus.FAILED, 2)}
+    [poison] = [r for r in client.results(batch_id) if r["custom_id"] == "poison"]
+    assert poison["error"] == "JobTimedOut: no result after 0.6s (WEIR_JOB_TIMEOUT_S); aborted on each of 2 attempts"
+    assert poison["output_text"] is None
+
+
+def test_malformed_messages_become_dead_letters_and_the_worker_goes_on(start_worker, client):
+    worker = start_worker()
+    app = client.celery_app
+    app.send_task(names.RUN_JOB, args=["not-a-uuid"], queue=client.queue)
+    app.send_task(names.RUN_JOB, args=[1, 2], queue=client.queue)
+    unknown = app.send_task("weir.no_such_task", args=[], queue=client.queue)
+    with app.connection_for_write() as connection:
+        producer = connection.Producer()
+        producer.publish({"hello": "world"}, exchange="", routing_key=client.queue, serializer="json")
+        producer.publish(b"{not json", exchange="", routing_key=client.queue,
+                         content_type="application/json", content_encoding="utf-8")
+
+    # Unicode through the queue, the engine and the database, byte for byte.
+    labels = ["🍵 緑茶", "صابون ‏عطري", "石鹸 🧼"]
+    prompt = "Product: 抹茶 🍵 — شاي أخضر\nCategory:"
+    metadata = {"名前": "👩🏽‍🔬 עברית", "rtl": "\u202eabc"}
+    batch_id = client.enqueue_batch([
+        ClassifyRequest(prompt=prompt, labels=labels, custom_id="🍵-1", metadata=metadata),
+        GenerateRequest(prompt=prompt, custom_id="gen", max_tokens=4),
+    ])
+    final = client.wait(batch_id, timeout_s=60)
+
+    assert (final.status, final.num_succeeded) == (BatchStatus.COMPLETED, 2)
+    [cls, gen] = client.results(batch_id)
+    assert cls["custom_id"].encode() == "🍵-1".encode() and cls["metadata"] == metadata
+    assert cls["label"].encode() in [label.encode() for label in labels]
+    assert sorted(cls["label_probs"]) == sorted(labels)
+    with client.session_factory() as session:
+        stored = session.get(Job, uuid.UUID(cls["job_id"])).request
+    assert stored["prompt"].encode() == prompt.encode() and stored["labels"] == labels
+
+    def letters():
+        with client.session_factory() as session:
+            return session.execute(
+                select(DeadLetter.task, DeadLetter.reason).where(DeadLetter.queue == client.queue)
+            ).all()
+
+    wait_until(lambda: len(letters()) == 5, timeout_s=30, what="5 dead letters")
+    assert sorted(letters(), key=lambda r: r.reason) == sorted([
+        (names.RUN_JOB, "job id 'not-a-uuid' is not a UUID"),
+        (names.RUN_JOB, "run_job takes args [job_id], got args [1, 2] kwargs {}"),
+        ("weir.no_such_task", "unknown task 'weir.no_such_task'"),
+        (None, "not a task message"),
+        (None, "cannot decode the message body: " + _decode_error_reason(worker.log())),
+    ], key=lambda r: r[1])
+    assert unknown.id in worker.log() and worker.is_alive()
+
+
+def _decode_error_reason(log: str) -> str:
+    marker = "cannot decode the message body: "
+    line = next(line for line in log.splitlines() if marker in line)
+    return line.split(marker, 1)[1].strip()
+
+
+def test_cancel_aborts_a_running_job_and_skips_queued_ones(start_worker, client):
+    worker = start_worker(WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1", WEIR_CANCEL_POLL_INTERVAL_S="0.1")
+    batch_id = client.enqueue_batch([
+        GenerateRequest(prompt="Long", custom_id="long", temperature=0, max_tokens=480),
+        GenerateRequest(prompt="Next", custom_id="next", temperature=0, max_tokens=4),
+    ])
+    wait_until(lambda: rows(client, batch_id)["long"][0] == JobStatus.RUNNING, what="the long job running")
+    progress = client.cancel(batch_id)
+    assert (progress.status, progress.num_cancelled) == (BatchStatus.CANCELLED, 2)
+    [long_job, next_job] = client.jobs(batch_id)
+    wait_until(lambda: f"job {long_job.id}: cancelled while running" in worker.log(), timeout_s=10,
+               what="the abort")
+    wait_until(lambda: f"job {next_job.id}: nothing to run" in worker.log(), timeout_s=10, what="the skip")
+
+    table = rows(client, batch_id)
+    assert {c: row[:2] + (row[3],) for c, row in table.items()} == {
+        "long": (JobStatus.CANCELLED, 1, None), "next": (JobStatus.CANCELLED, 0, None)}
+    assert worker.terminate() == 0
