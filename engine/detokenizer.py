@@ -121,8 +121,11 @@ class IncrementalDetokenizer:
             self._num_joined_pieces = len(self._released)
         return self._text
 
-    def update(self, new_token_ids: list[int]) -> Optional[str]:
+    def update(self, new_token_ids: list[int], check_stop: bool = True) -> Optional[str]:
         """Append generated ids and decode them.
+
+        With ``check_stop`` False (before a request's ``min_tokens``) the new text is released
+        without a stop-string search; it is never searched later.
 
         Returns:
             The stop string that matched (the text is then cut before it, or after it with
@@ -147,6 +150,10 @@ class IncrementalDetokenizer:
         if chunk is None:
             return None
         self._num_decoded_ids = len(self._token_ids)
+        if not check_stop:
+            self._release(self._held + chunk)
+            self._held = ""
+            return None
         return self._add_text(chunk)
 
     def finish(self) -> None:

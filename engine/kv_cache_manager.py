@@ -55,6 +55,8 @@ class KVCacheManager:
         limit = req.num_tokens - 1
         if req.score_start is not None:  # scored positions must run through the model
             limit = min(limit, req.score_start)
+        if req.sampling_params.prompt_logprobs is not None:  # every prompt position needs logits
+            limit = 0
         max_blocks = limit // self.block_size
         hits: list[KVCacheBlock] = []
         for h in req.block_hashes[:max_blocks]:
@@ -102,16 +104,17 @@ class KVCacheManager:
         for i in range(min(num_tokens // self.block_size, len(req.block_hashes))):
             self.pool.cache_full_block(blocks[i], req.block_hashes[i])
 
-    def fork(self, parent: Request, child: Request) -> bool:
-        """Give ``child`` the parent's computed tokens: full blocks shared (ref count + 1), a
-        partial last block copied into a fresh block (copy-on-write).
+    def fork(self, parent: Request, child: Request, num_tokens: Optional[int] = None) -> bool:
+        """Give ``child`` the parent's first ``num_tokens`` computed tokens (default: all of
+        them): full blocks shared (ref count + 1), a partial last block copied into a fresh block
+        (copy-on-write).
 
-        ``child``'s first ``parent.num_computed_tokens`` tokens must equal the parent's.
+        ``child``'s first ``num_tokens`` tokens must equal the parent's.
 
         Returns:
             False, changing nothing, if a block for the copy is not available.
         """
-        n = parent.num_computed_tokens
+        n = parent.num_computed_tokens if num_tokens is None else min(num_tokens, parent.num_computed_tokens)
         src = self.req_blocks[parent.request_id]
         num_full = n // self.block_size
         partial = n % self.block_size != 0

@@ -144,7 +144,8 @@ class LLM:
 
     def classify(self, prompts: Union[PromptType, Sequence[PromptType]], labels: list[str],
                  label_texts: Optional[list[str]] = None,
-                 calibration_prompt: Optional[PromptType] = None) -> list[ClassificationOutput]:
+                 calibration_prompt: Optional[PromptType] = None,
+                 length_normalize: bool = False) -> list[ClassificationOutput]:
         """Score every label as a continuation of each prompt (choice scoring).
 
         Args:
@@ -153,13 +154,14 @@ class LLM:
             label_texts: what is scored for each label (default: label + EOS).
             calibration_prompt: a content-free prompt in the same format (``"N/A"`` in place of
                 the input); when given, scores are calibrated against it (:func:`engine.outputs.calibrate`).
+            length_normalize: score each label by its mean token log-probability instead of the sum.
 
         Returns:
             One :class:`ClassificationOutput` per prompt: the best label and every label's
             probability, in input order.
 
         Raises:
-            ValueError: empty label list, empty or too long prompt.
+            ValueError: empty or duplicate labels, empty or too long prompt.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
             prompts = [prompts]
@@ -168,8 +170,10 @@ class LLM:
         prior = None
         if calibration_prompt is not None:
             cal = self.encode_prompt(calibration_prompt)
-            prior = self._run([self.llm_engine.add_classification(cal, labels, label_ids)])[0]
-        ids = [self.llm_engine.add_classification(e, labels, label_ids) for e in encoded]
+            prior = self._run([self.llm_engine.add_classification(cal, labels, label_ids,
+                                                                  length_normalize=length_normalize)])[0]
+        ids = [self.llm_engine.add_classification(e, labels, label_ids, length_normalize=length_normalize)
+               for e in encoded]
         outs = self._run(ids)
         return [calibrate(o, prior) for o in outs] if prior is not None else outs
 

@@ -8,22 +8,44 @@ from typing import Optional
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability (nats, finite: see ``engine.sampling_params.LOGPROB_SENTINEL``),
+    its rank among all tokens (1 = most likely) and its text alone."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+# one position: token id -> Logprob (the chosen token, then the top-N)
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
 class CompletionOutput:
     """One generated sequence.
 
     Attributes:
-        index: sample index within the request (0 for ``n == 1``).
-        text: detokenized output, special tokens skipped unless asked otherwise.
+        index: sample index within the request (0 .. n-1).
+        text: detokenized output, special tokens skipped unless asked otherwise; cut before a
+            matched stop string unless ``include_stop_str_in_output``.
         token_ids: generated token ids, EOS included when the request stopped on it.
-        finish_reason: ``"stop"`` (EOS or a stop token id), ``"length"`` (max_tokens or
-            max_model_len), ``"abort"``, or None while unfinished.
+        finish_reason: ``"stop"`` (EOS, a stop token id or a stop string), ``"length"``
+            (max_tokens or max_model_len), ``"abort"`` (aborted or past its deadline), or None
+            while unfinished.
+        stop_reason: the stop token id or stop string that ended it; None for EOS and others.
+        cumulative_logprob: sum of the generated tokens' log-probabilities when ``logprobs`` was
+            asked for, else None.
+        logprobs: per generated token, when asked: the sampled token and the top ``logprobs``.
     """
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: Optional[str] = None
-    stop_reason: Optional[int] = None
+    stop_reason: Optional[int | str] = None
+    cumulative_logprob: Optional[float] = None
+    logprobs: Optional[list[PositionLogprobs]] = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -41,7 +63,11 @@ class RequestOutput:
         finished: True once every completion has a finish_reason.
         num_cached_tokens: prompt tokens served from the prefix cache (not recomputed).
         metrics: timings in seconds since the epoch: ``arrival_time``, ``first_scheduled_time``,
-            ``first_token_time``, ``finished_time``.
+            ``first_token_time``, ``finished_time``; and durations in seconds:
+            ``queue_time_s`` (arrival to first scheduled), ``time_to_first_token_s`` and
+            ``e2e_latency_s`` (from arrival).
+        prompt_logprobs: when asked: None for the first prompt token, then for each prompt token
+            its log-probability given the tokens before it, plus the top ``prompt_logprobs``.
     """
 
     request_id: str
@@ -51,6 +77,7 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+    prompt_logprobs: Optional[list[Optional[PositionLogprobs]]] = None
 
 
 @dataclass

@@ -64,7 +64,7 @@ class Request:
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
         self.status = RequestStatus.WAITING
-        self.stop_reason: Optional[int] = None
+        self.stop_reason: Optional[int | str] = None  # stop token id or stop string that ended it
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set at first scheduling
         self.block_table: list[int] = []
@@ -77,6 +77,13 @@ class Request:
         self.final_logprob_ids: Optional[list[int]] = None
         self.final_logprobs: Optional[list[float]] = None
         self.on_finish = None  # callable(request) run by the engine when the request ends
+        self.on_first_token = None  # callable(request) run when the first output token is appended
+        self.sample_index = 0  # which of the request's ``n`` samples this sequence is
+        self.group = None  # the engine's record of the ``n`` samples this sequence belongs to
+        self.logprobs: list = []  # per output token: sampler entries (see engine.sampler.TokenLogprob)
+        self.prompt_logprobs: dict[int, list] = {}  # prompt position -> entries
+        self.detokenizer = None  # engine.detokenizer.IncrementalDetokenizer when text is tracked
+        self.deadline: Optional[float] = None  # time.time() after which the request is aborted
         self.metrics = {"arrival_time": arrival_time or time.time()}
 
     @property

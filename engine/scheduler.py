@@ -44,6 +44,8 @@ class ModelRunnerOutput:
     """Per request id: the sampled token, and/or the scoring log-probabilities of this step."""
 
     sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, list] = field(default_factory=dict)  # sampled-token entries, if asked
+    prompt_logprobs: dict[str, dict[int, list]] = field(default_factory=dict)
     score_logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
     final_logprobs: dict[str, list[float]] = field(default_factory=dict)
 
@@ -102,6 +104,7 @@ class Scheduler:
             req.num_computed_tokens += num_hit
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
+                req.metrics.setdefault("first_scheduled_time", time.time())
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, n))
@@ -118,8 +121,11 @@ class Scheduler:
         for s in sched.scheduled:
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
-            if req.is_scoring and req.request_id in result.score_logprobs:
-                req.score_logprobs.update(result.score_logprobs[req.request_id])
+            rid = req.request_id
+            if req.is_scoring and rid in result.score_logprobs:
+                req.score_logprobs.update(result.score_logprobs[rid])
+            if rid in result.prompt_logprobs:
+                req.prompt_logprobs.update(result.prompt_logprobs[rid])
             if req.num_computed_tokens < req.num_tokens:
                 continue
             if req.is_scoring:
@@ -127,7 +133,12 @@ class Scheduler:
                     req.final_logprobs = result.final_logprobs[req.request_id]
                 req.status = RequestStatus.FINISHED_STOPPED
             else:
-                self._append_token(req, result.sampled[req.request_id])
+                if rid in result.logprobs:
+                    req.logprobs.append(result.logprobs[rid])
+                self._append_token(req, result.sampled[rid])
+                if req.on_first_token is not None:
+                    hook, req.on_first_token = req.on_first_token, None
+                    hook(req)
             if req.is_finished:
                 finished.append(req)
         for req in finished:
@@ -142,9 +153,10 @@ class Scheduler:
         if "first_token_time" not in req.metrics:
             req.metrics["first_token_time"] = time.time()
         p = req.sampling_params
-        if not p.ignore_eos and token in req.eos_token_ids:
+        may_stop = len(req.output_token_ids) >= p.min_tokens
+        if may_stop and not p.ignore_eos and token in req.eos_token_ids:
             req.status = RequestStatus.FINISHED_STOPPED
-        elif token in p.stop_token_ids:
+        elif may_stop and token in p.stop_token_ids:
             req.status = RequestStatus.FINISHED_STOPPED
             req.stop_reason = token
         elif len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
@@ -158,6 +170,16 @@ class Scheduler:
                 self.kv.free(req)
                 req.num_computed_tokens = 0
                 req.score_logprobs = {}
+
+    def finish_request(self, req: Request, status: RequestStatus) -> None:
+        """End a running or waiting request from outside the step (a stop string, a deadline):
+        it leaves the queues and its blocks are freed at once."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = status
 
     def abort(self, request_id: str) -> Request | None:
         """Remove a request wherever it is and free its blocks at once."""

@@ -155,5 +155,7 @@ def test_classify_equals_forward_scoring(tiny_llama_dir, tiny_hf_model):
         assert out.logprobs[lab] == pytest.approx(want, abs=1e-4)
     assert abs(sum(out.probs.values()) - 1) < 1e-9
     assert out.label == max(out.logprobs, key=out.logprobs.get)
-    assert out.num_label_tokens == 0 + 1 + 2 + 5
+    # label tokens computed: "b" and "c" share token 11 (computed once), then "c" adds 13 (its
+    # last token 14 needs no logits); "d" computes 20..24 — 1 + 1 + 5 instead of 0 + 1 + 2 + 5
+    assert out.num_label_tokens == 1 + 1 + 5
     assert_all_blocks_free(llm)
