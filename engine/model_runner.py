@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention import AttentionMetadata, PrefillSeq
-from engine.sampler import sample
+from engine.sampler import SampleRow, sample, top_logprobs
 from engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
 
@@ -102,6 +102,7 @@ class ModelRunner:
         sample_rows, sample_reqs = [], []
         score_rows, score_targets, score_keys = [], [], []
         final_rows, final_reqs = [], []
+        prompt_rows, prompt_keys = [], []
         offset = 0
         for s in ordered:
             r = s.request
@@ -118,14 +119,28 @@ class ModelRunner:
                 if s.completes_prompt and r.final_logprob_ids is not None:
                     final_rows.append(last)
                     final_reqs.append(r)
-            elif s.completes_prompt:
-                sample_rows.append(last)
-                sample_reqs.append(r)
+            else:
+                if r.sampling_params.prompt_logprobs is not None:
+                    # row of position p predicts prompt token p + 1
+                    for p in range(start, min(start + n, r.num_prompt_tokens - 1)):
+                        prompt_rows.append(offset + p - start)
+                        prompt_keys.append((r, p + 1))
+                if s.completes_prompt:
+                    sample_rows.append(last)
+                    sample_reqs.append(r)
             offset += n
         if sample_rows:
             logits = self.model.compute_logits(hidden[sample_rows])
-            toks = sample(logits, [r.sampling_params for r in sample_reqs], [r.generator for r in sample_reqs])
-            out.sampled = {r.request_id: t for r, t in zip(sample_reqs, toks)}
+            rows = [SampleRow(r.sampling_params, r.generator, r.prompt_token_ids, r.output_token_ids,
+                              r.eos_token_ids) for r in sample_reqs]
+            result = sample(logits, rows)
+            out.sampled = {r.request_id: t for r, t in zip(sample_reqs, result.token_ids)}
+            out.logprobs = {r.request_id: lp for r, lp in zip(sample_reqs, result.logprobs) if lp is not None}
+        if prompt_rows:
+            lp = torch.log_softmax(self.model.compute_logits(hidden[prompt_rows]).float(), dim=-1)
+            for row, (r, pos) in zip(lp, prompt_keys):
+                entry = top_logprobs(row, r.all_token_ids[pos], r.sampling_params.prompt_logprobs)
+                out.prompt_logprobs.setdefault(r.request_id, {})[pos] = entry
         if score_rows:
             lp = torch.log_softmax(self.model.compute_logits(hidden[score_rows]), dim=-1)
             vals = lp.gather(1, torch.tensor(score_targets, device=lp.device)[:, None])[:, 0].tolist()
