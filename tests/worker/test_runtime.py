@@ -1,0 +1,86 @@
+"""``WorkerRuntime.run`` in this process with a tiny random-weight model: a cancelled or timed-out
+job is aborted in the engine and every KV block it held is free again."""
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from jobs.db import Job, JobKind, JobStatus
+from jobs.schemas import GenerateRequest
+from weir.config import CacheSettings, DatabaseSettings, EngineSettings, Settings, WorkerSettings
+from worker.runtime import EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_model_dir, tmp_path_factory):
+    settings = Settings(
+        engine=EngineSettings(model=tiny_model_dir, device="cpu", max_num_seqs=2),
+        cache=CacheSettings(cpu_kv_cache_bytes=8 << 20),
+        worker=WorkerSettings(cancel_poll_interval_s=0.05, job_timeout_s=30),
+        database=DatabaseSettings(sqlite_path=str(tmp_path_factory.mktemp("db") / "weir.db")),
+    )
+    runtime = WorkerRuntime(settings)
+    runtime.start()
+    yield runtime
+    runtime.shutdown(drain=False)
+
+
+def long_job(max_tokens=480):
+    request = GenerateRequest(prompt="A long story", temperature=0, max_tokens=max_tokens)
+    return Job(id=uuid.uuid4(), kind=JobKind.GENERATE, request=request.model_dump(mode="json", exclude_none=True))
+
+
+def usage_when_idle(runtime):
+    def idle():
+        stats = runtime.llm.stats()
+        return stats["num_requests_running"] + stats["num_requests_waiting"] == 0
+
+    deadline = time.monotonic() + 5
+    while not idle():
+        assert time.monotonic() < deadline, "the engine still holds the request"
+        time.sleep(0.01)
+    return runtime.llm.stats()["kv_cache_usage_perc"]
+
+
+def test_a_finished_job_succeeds(runtime):
+    result = runtime.run(long_job(max_tokens=3))
+    assert (result.status, result.num_completion_tokens, result.finish_reason) == (JobStatus.SUCCEEDED, 3, "length")
+
+
+def test_cancel_while_running_aborts_and_frees_every_block(runtime):
+    runtime.llm.reset_prefix_cache()
+    cancelled = threading.Event()
+    threading.Timer(0.2, cancelled.set).start()
+    started = time.monotonic()
+    with pytest.raises(JobCancelled, match="cancelled while running; aborted"):
+        runtime.run(long_job(), is_cancelled=cancelled.is_set)
+    assert time.monotonic() - started < 1.0  # 480 tokens would take more than a second
+    runtime.llm.reset_prefix_cache()
+    assert usage_when_idle(runtime) == 0.0
+
+
+def test_timeout_aborts_and_frees_every_block(runtime):
+    with pytest.raises(JobTimedOut, match=r"no result after 0.2s \(WEIR_JOB_TIMEOUT_S\); aborted"):
+        runtime.run(long_job(), timeout_s=0.2)
+    runtime.llm.reset_prefix_cache()
+    assert usage_when_idle(runtime) == 0.0
+
+
+def test_past_the_shutdown_grace_period_running_jobs_are_handed_back(runtime):
+    errors = []
+
+    def run():
+        try:
+            runtime.run(long_job())
+        except Exception as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    runtime.begin_shutdown(0.2)
+    thread.join(5)
+    assert [type(e) for e in errors] == [EngineStopping]
+    with pytest.raises(EngineStopping):
+        runtime.run(long_job(max_tokens=2))
