@@ -35,10 +35,13 @@ def reference(tiny_hf_model):
     max_num_seqs=st.integers(min_value=1, max_value=6),
     caching=st.booleans(),
     arrivals=st.lists(st.integers(min_value=0, max_value=5), min_size=6, max_size=6),
+    max_tokens=st.lists(st.integers(min_value=1, max_value=MAX_TOKENS), min_size=6, max_size=6),
+    num_samples=st.lists(st.sampled_from([1, 1, 2]), min_size=6, max_size=6),
     seed=st.integers(min_value=0, max_value=10_000),
 )
 def test_random_mixes_match_transformers_and_free_every_block(
-    tiny_llama_dir, reference, lengths, shared, num_blocks, budget, max_num_seqs, caching, arrivals, seed
+    tiny_llama_dir, reference, lengths, shared, num_blocks, budget, max_num_seqs, caching, arrivals,
+    max_tokens, num_samples, seed
 ):
     rng = random.Random(seed)
     prefix = [rng.randrange(3, 256) for _ in range(20)] if shared else []
@@ -47,18 +50,20 @@ def test_random_mixes_match_transformers_and_free_every_block(
               max_model_len=128, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
               enable_prefix_caching=caching)
     eng = llm.llm_engine
-    sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     # requests arrive mid-run: request i is added after arrivals[i] steps
     pending = sorted(range(len(prompts)), key=lambda i: arrivals[i])
     ids, outs, step = {}, {}, 0
     while pending or eng.has_unfinished():
         while pending and arrivals[pending[0]] <= step:
             i = pending.pop(0)
+            sp = SamplingParams(temperature=0, max_tokens=max_tokens[i], n=num_samples[i])
             ids[eng.add_request(prompts[i], sp)] = i
         for out in eng.step():
-            outs[ids[out.request_id]] = out.outputs[0].token_ids
+            outs[ids[out.request_id]] = [c.token_ids for c in out.outputs]
         assert all(b.ref_cnt >= 0 for b in eng.block_pool.blocks)
         step += 1
-    assert [outs[i] for i in range(len(prompts))] == [reference(p) for p in prompts]
+    # greedy samples of one request are identical; a shorter max_tokens is a prefix of the reference
+    assert [outs[i] for i in range(len(prompts))] == [
+        [reference(p)[:max_tokens[i]]] * num_samples[i] for i, p in enumerate(prompts)]
     assert eng.block_pool.num_free_blocks == num_blocks
     assert all(b.ref_cnt == 0 for b in eng.block_pool.blocks)
