@@ -159,3 +159,51 @@ def test_classify_equals_forward_scoring(tiny_llama_dir, tiny_hf_model):
     # last token 14 needs no logits); "d" computes 20..24 — 1 + 1 + 5 instead of 0 + 1 + 2 + 5
     assert out.num_label_tokens == 1 + 1 + 5
     assert_all_blocks_free(llm)
+
+
+def forward_label_scores(hf_model, prompt, label_ids):
+    scores = []
+    for ids in label_ids:
+        with torch.no_grad():
+            lp = torch.log_softmax(hf_model(torch.tensor([prompt + ids])).logits[0].float(), -1)
+        scores.append(sum(lp[len(prompt) - 1 + j, t].item() for j, t in enumerate(ids)))
+    return scores
+
+
+def test_hierarchical_labels_share_prefixes_and_length_normalize(tiny_llama_dir, tiny_hf_model):
+    """category > sub-category labels: each shared prefix is computed once; scores equal a plain
+    forward pass; length normalization divides each label's sum by its token count."""
+    llm = make_llm(tiny_llama_dir)
+    eng = llm.llm_engine
+    prompt = prompts(lengths=(18,))[0]
+    sep = [40, 41]  # " > "
+    fruits, dairy = [30, 31, 32], [50]
+    label_ids = [fruits + sep + [60], fruits + sep + [61, 62], fruits + sep + [63, 64, 65], dairy + sep + [70],
+                 dairy + [2]]
+    labels = ["Fruits > Fresh", "Fruits > Exotic", "Fruits > Cut", "Dairy > Milk", "Dairy"]
+    want = forward_label_scores(tiny_hf_model, prompt, label_ids)
+    for normalize in (False, True):
+        rid = eng.add_classification(prompt, labels, label_ids, length_normalize=normalize)
+        outs = []
+        while eng.has_unfinished():
+            outs += eng.step()
+        (out,) = outs
+        assert out.request_id == rid
+        for lab, ids, w in zip(labels, label_ids, want):
+            assert out.logprobs[lab] == pytest.approx(w / len(ids) if normalize else w, abs=1e-4)
+        assert abs(sum(out.probs.values()) - 1) < 1e-9
+        # trie: root -> "30 31 32 40 41" (5) -> {60 leaf: 0, "61 62": 1, "63 64 65": 2};
+        #       root -> "50" (1) -> {"40 41 70": 2, "2": 0}
+        assert out.num_label_tokens == 5 + 0 + 1 + 2 + 1 + 2 + 0
+    assert_all_blocks_free(llm)
+
+
+def test_classification_errors(tiny_llama_dir):
+    eng = make_llm(tiny_llama_dir).llm_engine
+    with pytest.raises(ValueError, match="labels must be distinct"):
+        eng.add_classification([1, 2], ["a", "a"], [[3], [4]])
+    with pytest.raises(ValueError, match="two labels have the same tokens"):
+        eng.add_classification([1, 2], ["a", "b"], [[3, 4], [3, 4]])
+    with pytest.raises(ValueError, match="every label needs at least one token"):
+        eng.add_classification([1, 2], ["a", "b"], [[3], []])
+    assert not eng.has_unfinished()
