@@ -60,34 +60,11 @@ def redis_or_skip() -> str:
 
 
 def tiny_chat_model_dir(tmp_path_factory) -> str:
-    """A random-weight 2-layer Llama (hidden 64, vocab 49152) with SmolLM2's tokenizer and chat
-    template, saved as a Hugging Face folder; built once per test process."""
+    """A random-weight 2-layer Llama with SmolLM2's tokenizer and chat template
+    (:func:`jobs.testing.save_tiny_chat_model`), saved once per test process."""
     global _tiny_model_dir
     if _tiny_model_dir is None:
-        import torch
-        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+        from jobs.testing import save_tiny_chat_model
 
-        from weir.config import default_model_path
-
-        gguf_path = default_model_path()
-        tokenizer = AutoTokenizer.from_pretrained(
-            os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
-        )
-        config = LlamaConfig(
-            vocab_size=49152,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            tie_word_embeddings=True,
-        )
-        torch.manual_seed(0)
-        path = str(tmp_path_factory.mktemp("tiny-chat-llama"))
-        LlamaForCausalLM(config).save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        _tiny_model_dir = path
+        _tiny_model_dir = save_tiny_chat_model(str(tmp_path_factory.mktemp("tiny-chat-llama")))
     return _tiny_model_dir

@@ -1,0 +1,178 @@
+"""Soak test: many short jobs through several ``weir worker`` processes that are SIGKILLed at random.
+
+    python -m bench.soak                      # 10,000 jobs, 2 workers, a kill every 2-6 s
+    python -m bench.soak --jobs 500 --kill-every-s 1 3
+
+Needs Redis (``WEIR_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/0``) and PostgreSQL
+(``WEIR_TEST_POSTGRES_URL``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``);
+it creates a fresh database and a private queue and removes both at the end. The model is
+:func:`jobs.testing.save_tiny_chat_model` (random weights), so the run measures delivery, not
+inference. Each killed worker is started again at once. At the end it counts, from the database:
+
+- ``lost``: jobs not ``succeeded`` (queued, running, failed or cancelled) once the batch finished
+  or the time ran out;
+- ``duplicated``: rows beyond one per job (by ``custom_id``) plus product-enrichment rows beyond
+  one per product;
+- ``redelivered``: jobs started more than once (``attempts > 1``), which is allowed;
+
+and prints them with the throughput (jobs per second from the first publish to the last result).
+Exit status 0 when lost = duplicated = 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REDIS_URL = os.environ.get("WEIR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_ADMIN_URL = os.environ.get("WEIR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+class Worker:
+    """One ``python -m weir worker`` process, logging to a file."""
+
+    def __init__(self, env: dict, log_path: str) -> None:
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "weir", "worker", "--loglevel", "INFO"],
+                                         cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def is_ready(self) -> bool:
+        with open(self.log_path, "rb") as log:
+            return b" ready." in log.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    import redis
+    from sqlalchemy import func, select
+
+    import migrations
+    from jobs.client import Client
+    from jobs.db import Job, JobStatus, ProductEnrichment
+    from jobs.schemas import GenerateRequest
+    from jobs.testing import save_tiny_chat_model, temporary_postgres_database
+    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+
+    rng = random.Random(args.seed)
+    workdir = tempfile.mkdtemp(prefix="weir-soak-")
+    model_dir = save_tiny_chat_model(os.path.join(workdir, "tiny-chat-llama"))
+    queue = f"weir.soak-{uuid.uuid4().hex[:8]}"
+    with temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_soak_") as database_url:
+        migrations.upgrade(database_url)
+        env = dict(os.environ)
+        env.update(
+            PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+            WEIR_BROKER_URL=args.redis_url, WEIR_QUEUE=queue, WEIR_DATABASE_URL=database_url,
+            WEIR_MODEL=model_dir, WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS=str(args.concurrency),
+            WEIR_CONCURRENCY=str(args.concurrency), WEIR_CPU_KV_CACHE_BYTES=str(8 << 20),
+            # Fast redelivery of a killed worker's messages; the limits nest as README "Guarantees" says.
+            WEIR_VISIBILITY_TIMEOUT_S="8", WEIR_JOB_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="2",
+            OMP_NUM_THREADS="1",
+        )
+        client = Client(Settings(
+            engine=EngineSettings(model=model_dir),
+            worker=WorkerSettings(broker_url=args.redis_url, queue=queue),
+            database=DatabaseSettings(database_url=database_url),
+        ))
+        num_started = 0
+
+        def start() -> Worker:
+            nonlocal num_started
+            num_started += 1
+            return Worker(env, os.path.join(workdir, f"worker-{num_started}.log"))
+
+        workers = [start() for _ in range(args.workers)]
+        try:
+            while not all(w.is_ready() for w in workers):
+                time.sleep(0.2)
+            requests = [
+                GenerateRequest(prompt=f"Product {i}: describe it.", custom_id=f"soak-{i}", temperature=0,
+                                max_tokens=args.max_tokens, metadata={"product_id": f"p-{i}"})
+                for i in range(args.jobs)
+            ]
+            started = time.monotonic()
+            batch_ids = [client.enqueue_batch(requests[i:i + args.batch_size])
+                         for i in range(0, args.jobs, args.batch_size)]
+            print(f"{args.jobs} jobs published in {time.monotonic() - started:.1f}s; {args.workers} workers, "
+                  f"a kill every {args.kill_every_s[0]:g}-{args.kill_every_s[1]:g}s", flush=True)
+            num_kills = 0
+            next_kill = time.monotonic() + rng.uniform(*args.kill_every_s)
+            finished_at: Optional[float] = None
+            deadline = started + args.timeout_s
+            while time.monotonic() < deadline:
+                statuses = [client.batch_status(b) for b in batch_ids]
+                done = sum(s.num_finished for s in statuses)
+                if all(s.status.is_finished for s in statuses):
+                    finished_at = time.monotonic()
+                    break
+                ready = [i for i, w in enumerate(workers) if w.is_ready()]
+                # Kill only while another worker serves the queue: a kill must cost redeliveries,
+                # not a stretch with no worker at all (a restart takes seconds on 2 cores).
+                if time.monotonic() >= next_kill and len(ready) >= 2:
+                    victim = rng.choice(ready)
+                    workers[victim].kill()
+                    workers[victim] = start()
+                    num_kills += 1
+                    next_kill = time.monotonic() + rng.uniform(*args.kill_every_s)
+                    print(f"  {time.monotonic() - started:6.1f}s  {done:>6} done  SIGKILL #{num_kills}", flush=True)
+                time.sleep(0.2)
+            elapsed_s = (finished_at or time.monotonic()) - started
+        finally:
+            for worker in workers:
+                worker.kill()
+
+        with client.session_factory() as session:
+            in_batches = Job.batch_id.in_(batch_ids)
+            by_status = dict(session.execute(select(Job.status, func.count()).where(in_batches).group_by(Job.status)).all())
+            num_rows = session.scalar(select(func.count()).select_from(Job).where(in_batches))
+            num_distinct = session.scalar(select(func.count(func.distinct(Job.custom_id))).where(in_batches))
+            num_redelivered = session.scalar(select(func.count()).select_from(Job).where(in_batches, Job.attempts > 1))
+            max_attempts = session.scalar(select(func.max(Job.attempts)).where(in_batches))
+            num_enriched = session.scalar(select(func.count()).select_from(ProductEnrichment))
+            num_products = session.scalar(select(func.count(func.distinct(ProductEnrichment.product_id))))
+        client.close()
+        keys = redis.Redis.from_url(args.redis_url)
+        keys.delete(queue, f"_kombu.binding.{queue}")
+
+    num_succeeded = by_status.get(JobStatus.SUCCEEDED, 0)
+    lost = args.jobs - num_succeeded
+    duplicated = (num_rows - num_distinct) + (num_enriched - num_products)
+    print(f"jobs {args.jobs}  succeeded {num_succeeded}  statuses {{{', '.join(f'{k.value}: {v}' for k, v in by_status.items())}}}")
+    print(f"SIGKILLs {num_kills}  redelivered {num_redelivered} (max attempts {max_attempts})  "
+          f"enrichment rows {num_enriched}")
+    print(f"lost = {lost}")
+    print(f"duplicated = {duplicated}")
+    print(f"throughput = {num_succeeded / elapsed_s:.1f} jobs/s ({elapsed_s:.1f}s wall, finished: {finished_at is not None})")
+    return 0 if lost == 0 and duplicated == 0 else 1
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=4, help="task threads per worker")
+    parser.add_argument("--max-tokens", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=1000, help="jobs per enqueued batch")
+    parser.add_argument("--kill-every-s", type=float, nargs=2, default=(2.0, 6.0), metavar=("MIN", "MAX"))
+    parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--redis-url", default=REDIS_URL)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
