@@ -1,12 +1,20 @@
-"""Pieces of one delivery that need no worker: which database errors are transient, and how a
-``run_job`` message's arguments are read."""
+"""Pieces of one delivery that need no worker process: which database errors are transient, how
+a ``run_job`` message's arguments are read, the retry loop, and what is stored when the database
+refuses a result."""
 
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
-from worker.attempt import MalformedMessage, is_transient, parse_job_id
+from jobs import store
+from jobs.db import JobStatus, make_engine, make_session_factory
+from jobs.schemas import GenerateRequest
+from jobs.store import JobResult
+from weir.config import WorkerSettings
+from worker import attempt
+from worker.attempt import DatabaseUnavailable, MalformedMessage, is_transient, parse_job_id, with_db_retry
 
 
 def test_transient_database_errors_are_retried():
@@ -20,10 +28,9 @@ def test_serialization_failure_and_refused_connection_are_transient():
 
     serialization = psycopg.errors.SerializationFailure("could not serialize access")
     refused = psycopg.OperationalError("connection refused")
-    from sqlalchemy.exc import DBAPIError as Wrap
 
-    assert is_transient(Wrap.instance("UPDATE jobs", {}, serialization, psycopg.Error))
-    assert is_transient(Wrap.instance("SELECT 1", {}, refused, psycopg.Error))
+    assert is_transient(DBAPIError.instance("UPDATE jobs", {}, serialization, psycopg.Error))
+    assert is_transient(DBAPIError.instance("SELECT 1", {}, refused, psycopg.Error))
 
 
 def test_other_errors_are_not_retried():
@@ -51,3 +58,80 @@ def test_malformed_arguments_are_named(args, kwargs, message):
     with pytest.raises(MalformedMessage) as info:
         parse_job_id(args, kwargs)
     assert str(info.value) == message
+
+
+# ---- retries and the storing of results, with a stand-in runtime over a real database ------------
+
+
+def stand_in(session_factory=None, **worker_settings):
+    return SimpleNamespace(settings=SimpleNamespace(worker=WorkerSettings(**worker_settings)),
+                           session_factory=session_factory, model_name="tiny", is_stopping=False)
+
+
+def lost_connection():
+    return OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+
+def test_transient_errors_are_retried_until_the_call_succeeds(monkeypatch):
+    sleeps = []
+    monkeypatch.setattr(attempt.time, "sleep", sleeps.append)
+    calls = iter([lost_connection(), lost_connection(), lost_connection(), "stored"])
+
+    def call():
+        outcome = next(calls)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    assert with_db_retry(stand_in(db_retry_timeout_s=60), "write", call) == "stored"
+    assert sleeps == [1, 2, 4]
+
+
+def test_transient_errors_past_the_retry_timeout_give_up():
+    def call():
+        raise lost_connection()
+
+    with pytest.raises(DatabaseUnavailable, match="write: database unreachable for 0s: "):
+        with_db_retry(stand_in(db_retry_timeout_s=0), "write", call)
+
+
+def test_other_errors_are_raised_at_once():
+    calls = []
+
+    def call():
+        calls.append(1)
+        raise IntegrityError("INSERT", {}, Exception("duplicate key"))
+
+    with pytest.raises(IntegrityError):
+        with_db_retry(stand_in(db_retry_timeout_s=60), "write", call)
+    assert calls == [1]
+
+
+def test_a_result_the_database_refuses_for_good_becomes_a_failure_not_a_running_job(postgres_url):
+    engine = make_engine(postgres_url)
+    session_factory = make_session_factory(engine)
+    try:
+        with session_factory.begin() as session:
+            _, [job] = store.create_batch(session, [GenerateRequest(prompt="p")], model="tiny")
+        with session_factory.begin() as session:
+            job = store.claim_job(session, job.id)
+        # finish_reason is VARCHAR(16): Postgres refuses this value, and would every time.
+        attempt._store(stand_in(session_factory), job, JobResult(status=JobStatus.SUCCEEDED, output_text="x",
+                                                                  finish_reason="a-reason-far-too-long"))
+        with session_factory() as session:
+            stored = store.list_jobs(session, job.batch_id)[0]
+            batch = store.get_batch(session, job.batch_id)
+        assert (stored.status, stored.output_text, stored.finish_reason) == (JobStatus.FAILED, None, None)
+        assert stored.error == ("result not stored: DataError: (psycopg.errors.StringDataRightTruncation) "
+                                "value too long for type character varying(16)")
+        assert (batch.num_failed, batch.status.value) == (1, "failed")
+    finally:
+        engine.dispose()
+
+
+def test_poll_for_cancel_treats_a_lost_database_as_not_cancelled():
+    class Down:
+        def __call__(self):
+            raise lost_connection()
+
+    assert attempt._is_cancelled(stand_in(Down()), uuid.uuid4()) is False

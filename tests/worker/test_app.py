@@ -1,0 +1,37 @@
+"""The Celery app's delivery settings: the time limits nest, and Redis looks for expired messages
+often enough for the visibility timeout in use."""
+
+from weir.config import Settings, WorkerSettings
+from worker.app import transport_options
+
+
+def test_default_limits_are_consistent():
+    assert WorkerSettings().delivery_problems() == []
+
+
+def test_a_visibility_timeout_shorter_than_one_delivery_is_named():
+    settings = WorkerSettings(visibility_timeout_s=4, job_timeout_s=1, db_retry_timeout_s=2)
+    assert settings.delivery_problems() == [
+        "WEIR_VISIBILITY_TIMEOUT_S=4 is not above 2 * WEIR_JOB_TIMEOUT_S + WEIR_DB_RETRY_TIMEOUT_S = 4: "
+        "Redis will deliver slow jobs a second time while they still run"
+    ]
+
+
+def test_a_sweeper_deadline_below_the_visibility_timeout_is_named():
+    settings = WorkerSettings(visibility_timeout_s=3600, sweep_after_s=60)
+    assert settings.sweep_deadline_s == 60
+    assert settings.delivery_problems() == [
+        "WEIR_SWEEP_AFTER_S=60 is below WEIR_VISIBILITY_TIMEOUT_S=3600: "
+        "the sweeper will re-publish jobs Redis still holds"
+    ]
+    assert WorkerSettings(visibility_timeout_s=900).sweep_deadline_s == 900
+
+
+def test_expired_messages_are_looked_for_every_quarter_visibility_timeout_at_most_10_s():
+    def options(visibility_timeout_s):
+        return transport_options(Settings(worker=WorkerSettings(visibility_timeout_s=visibility_timeout_s)))
+
+    assert options(3600) == {"visibility_timeout": 3600, "unacked_restore_interval": 10,
+                             "unacked_restore_throttle": 1}
+    assert options(8)["unacked_restore_interval"] == 2
+    assert options(2)["unacked_restore_interval"] == 1
