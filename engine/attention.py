@@ -41,6 +41,25 @@ class PrefillSeq:
 
 
 @dataclass
+class VarlenMeta:
+    """Tokens that read cached context through the CPU kernel (``kernels.cpu_paged_attention``):
+    the first ``num_tokens`` of the step.
+
+    Attributes:
+        block_tables: ``[num_seqs, max_num_blocks]`` int64.
+        token_seq: ``[num_tokens]`` int64 row of ``block_tables`` per token.
+        token_ctx: ``[num_tokens]`` int64 positions each token sees (its position + 1).
+        max_ctx: ``max(token_ctx)``.
+    """
+
+    num_tokens: int
+    block_tables: torch.Tensor
+    token_seq: torch.Tensor
+    token_ctx: torch.Tensor
+    max_ctx: int
+
+
+@dataclass
 class AttentionMetadata:
     """Everything attention needs for one packed step.
 
@@ -57,6 +76,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None
     decode_context_mask: torch.Tensor | None = None
     prefills: list[PrefillSeq] = field(default_factory=list)
+    varlen: VarlenMeta | None = None  # CPU kernel tokens (then num_decode_tokens is 0)
 
 
 def write_kv_cache(
@@ -97,6 +117,12 @@ def paged_attention(
     out = torch.empty_like(query)
     flat_k = key_cache.view(kvh, -1, head_dim)
     flat_v = value_cache.view(kvh, -1, head_dim)
+    if meta.varlen is not None:
+        from kernels.cpu_paged_attention import paged_attention_varlen
+
+        v = meta.varlen
+        out[:v.num_tokens] = paged_attention_varlen(query[:v.num_tokens], key_cache, value_cache,
+                                                    v.block_tables, v.token_seq, v.token_ctx, scale, v.max_ctx)
     nd = meta.num_decode_tokens
     if nd:
         # whole blocks are gathered (one index per block, not per token), then cut to max_ctx.

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSeq
+from engine.attention import AttentionMetadata, PrefillSeq, VarlenMeta
 from engine.sampler import SampleRow, sample, top_logprobs
 from engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from kernels.cpu_paged_attention import is_available as cpu_kernel_available
 
 
 class ModelRunner:
@@ -31,6 +32,7 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
+        self.use_cpu_kernel = device.type == "cpu" and dtype == torch.float32 and cpu_kernel_available()
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:
@@ -55,10 +57,14 @@ class ModelRunner:
         decodes = [s for s in sched.scheduled if s.num_new_tokens == 1]
         prefills = [s for s in sched.scheduled if s.num_new_tokens > 1]
         ordered: list[ScheduledRequest] = decodes + prefills
+        if self.use_cpu_kernel:
+            # prefills over a cached prefix join the decodes in the CPU kernel; fresh ones go last
+            prefills = [s for s in prefills if s.request.num_computed_tokens] + [
+                s for s in prefills if not s.request.num_computed_tokens]
+            ordered = decodes + prefills
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        prefill_meta: list[PrefillSeq] = []
         for s in ordered:
             r = s.request
             start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
@@ -67,6 +73,49 @@ class ModelRunner:
             slots.extend(self._slots(r.block_table, start, end))
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
+        if self.use_cpu_kernel:
+            self._varlen_meta(meta, decodes, prefills)
+        else:
+            self._reference_meta(meta, decodes, prefills)
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            self.kv_caches, meta,
+        )
+        return self._outputs(ordered, hidden)
+
+    def _varlen_meta(self, meta: AttentionMetadata, decodes: list[ScheduledRequest],
+                     prefills: list[ScheduledRequest]) -> None:
+        """CPU kernel inputs: every token that reads cached context (decodes, then prefills over
+        a cached prefix) by sequence row and visible length; fresh prefills keep SDPA."""
+        dev = self.device
+        seqs = decodes + [s for s in prefills if s.request.num_computed_tokens]
+        token_seq: list[int] = []
+        token_ctx: list[int] = []
+        for i, s in enumerate(seqs):
+            start = s.request.num_computed_tokens
+            token_seq.extend([i] * s.num_new_tokens)
+            token_ctx.extend(range(start + 1, start + s.num_new_tokens + 1))
+        if seqs:
+            nb = max(len(s.request.block_table) for s in seqs)
+            meta.varlen = VarlenMeta(
+                num_tokens=len(token_seq),
+                block_tables=torch.tensor([s.request.block_table + [0] * (nb - len(s.request.block_table))
+                                           for s in seqs], dtype=torch.long, device=dev),
+                token_seq=torch.tensor(token_seq, dtype=torch.long, device=dev),
+                token_ctx=torch.tensor(token_ctx, dtype=torch.long, device=dev),
+                max_ctx=max(token_ctx),
+            )
+        offset = len(token_seq)
+        for s in prefills[len(seqs) - len(decodes):]:  # fresh prefills: ordered last
+            meta.prefills.append(PrefillSeq(offset, s.num_new_tokens, s.num_new_tokens, None))
+            offset += s.num_new_tokens
+
+    def _reference_meta(self, meta: AttentionMetadata, decodes: list[ScheduledRequest],
+                        prefills: list[ScheduledRequest]) -> None:
+        """Inputs of the torch reference attention: decode block tables and masks, one
+        :class:`PrefillSeq` (with its causal mask over the cached prefix) per prefill."""
+        dev = self.device
         if decodes:
             meta.num_decode_tokens = len(decodes)
             ctx = [s.request.num_computed_tokens + 1 for s in decodes]
@@ -86,16 +135,8 @@ class ModelRunner:
                 ctx_slots = torch.tensor(self._slots(r.block_table, 0, start + n), dtype=torch.long, device=dev)
                 q_pos = torch.arange(start, start + n, device=dev)
                 mask = torch.arange(start + n, device=dev)[None, :] <= q_pos[:, None]
-            prefill_meta.append(PrefillSeq(offset, n, start + n, ctx_slots, mask))
+            meta.prefills.append(PrefillSeq(offset, n, start + n, ctx_slots, mask))
             offset += n
-        meta.prefills = prefill_meta
-
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
-            self.kv_caches, meta,
-        )
-        return self._outputs(ordered, hidden)
 
     def _outputs(self, ordered: list[ScheduledRequest], hidden: torch.Tensor) -> ModelRunnerOutput:
         out = ModelRunnerOutput()
