@@ -60,6 +60,17 @@ def test_chunked_prefill_under_small_token_budget(tiny_llama_dir, expected, budg
     assert_all_blocks_free(llm)
 
 
+@pytest.mark.parametrize("budget", [7, 512])
+def test_torch_reference_attention_matches_too(tiny_llama_dir, expected, budget):
+    """The torch attention path (used where the CPU kernel cannot be built) gives the same tokens."""
+    ps, want = expected
+    llm = make_llm(tiny_llama_dir, max_num_batched_tokens=budget)
+    llm.llm_engine.runner.use_cpu_kernel = False
+    assert [o.outputs[0].token_ids for o in llm.generate(ps, GREEDY)] == want
+    assert [o.outputs[0].token_ids for o in llm.generate(ps, GREEDY)] == want  # prefix hits
+    assert_all_blocks_free(llm)
+
+
 def test_tiny_pool_preempts_and_output_is_unchanged(tiny_llama_dir, expected):
     ps, want = expected
     llm = make_llm(tiny_llama_dir, num_gpu_blocks_override=8, max_model_len=128)
