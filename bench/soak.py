@@ -5,7 +5,9 @@
 
 Needs Redis (``WEIR_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/0``) and PostgreSQL
 (``WEIR_TEST_POSTGRES_URL``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``);
-it creates a fresh database and a private queue and removes both at the end. The model is
+it creates a fresh database and a private queue and removes both at the end. The visibility
+timeout is 8 s and the sweeper runs every 5 s (deadline 8 s), as ``weir worker --beat`` would run
+it. The model is
 :func:`jobs.testing.save_tiny_chat_model` (random weights), so the run measures delivery, not
 inference. Each killed worker is started again at once. At the end it counts, from the database:
 
@@ -33,6 +35,7 @@ import uuid
 from typing import Optional
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VISIBILITY_TIMEOUT_S = 8
 REDIS_URL = os.environ.get("WEIR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_ADMIN_URL = os.environ.get("WEIR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
@@ -80,12 +83,12 @@ def run(args: argparse.Namespace) -> int:
             WEIR_MODEL=model_dir, WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS=str(args.concurrency),
             WEIR_CONCURRENCY=str(args.concurrency), WEIR_CPU_KV_CACHE_BYTES=str(8 << 20),
             # Fast redelivery of a killed worker's messages; the limits nest as README "Guarantees" says.
-            WEIR_VISIBILITY_TIMEOUT_S="8", WEIR_JOB_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="2",
+            WEIR_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S), WEIR_JOB_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="2",
             OMP_NUM_THREADS="1",
         )
         client = Client(Settings(
             engine=EngineSettings(model=model_dir),
-            worker=WorkerSettings(broker_url=args.redis_url, queue=queue),
+            worker=WorkerSettings(broker_url=args.redis_url, queue=queue, visibility_timeout_s=VISIBILITY_TIMEOUT_S),
             database=DatabaseSettings(database_url=database_url),
         ))
         num_started = 0
@@ -109,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
                          for i in range(0, args.jobs, args.batch_size)]
             print(f"{args.jobs} jobs published in {time.monotonic() - started:.1f}s; {args.workers} workers, "
                   f"a kill every {args.kill_every_s[0]:g}-{args.kill_every_s[1]:g}s", flush=True)
-            num_kills = 0
+            num_kills = num_republished = 0
             next_kill = time.monotonic() + rng.uniform(*args.kill_every_s)
+            next_sweep = time.monotonic() + args.sweep_every_s
             finished_at: Optional[float] = None
             deadline = started + args.timeout_s
             while time.monotonic() < deadline:
@@ -119,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
                 if all(s.status.is_finished for s in statuses):
                     finished_at = time.monotonic()
                     break
+                if time.monotonic() >= next_sweep:
+                    # What `weir worker --beat` does every WEIR_SWEEP_INTERVAL_S: a message BRPOPed
+                    # by a worker killed before kombu recorded it as unacked is gone from Redis.
+                    num_republished += client.sweep()
+                    next_sweep = time.monotonic() + args.sweep_every_s
                 ready = [i for i, w in enumerate(workers) if w.is_ready()]
                 # Kill only while another worker serves the queue: a kill must cost redeliveries,
                 # not a stretch with no worker at all (a restart takes seconds on 2 cores).
@@ -153,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     duplicated = (num_rows - num_distinct) + (num_enriched - num_products)
     print(f"jobs {args.jobs}  succeeded {num_succeeded}  statuses {{{', '.join(f'{k.value}: {v}' for k, v in by_status.items())}}}")
     print(f"SIGKILLs {num_kills}  redelivered {num_redelivered} (max attempts {max_attempts})  "
-          f"enrichment rows {num_enriched}")
+          f"published again by the sweeper {num_republished}  enrichment rows {num_enriched}")
     print(f"lost = {lost}")
     print(f"duplicated = {duplicated}")
     print(f"throughput = {num_succeeded / elapsed_s:.1f} jobs/s ({elapsed_s:.1f}s wall, finished: {finished_at is not None})")
@@ -168,6 +177,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=1000, help="jobs per enqueued batch")
     parser.add_argument("--kill-every-s", type=float, nargs=2, default=(2.0, 6.0), metavar=("MIN", "MAX"))
+    parser.add_argument("--sweep-every-s", type=float, default=5.0, help="run the sweeper this often")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--redis-url", default=REDIS_URL)

@@ -223,9 +223,11 @@ class Client:
         """Publish again the jobs of this client's model whose message may be lost.
 
         Covers a Redis restarted without persistence, a publish that failed after the rows were
-        committed, and a running job whose worker died and whose message is gone. Taken: jobs
-        ``queued`` and never published or last published more than ``older_than_s`` ago, and jobs
-        ``running`` whose latest claim and latest publish are that old (see
+        committed, a message taken by a worker killed before the broker recorded it as unacked,
+        and a running job whose worker died and whose message is gone. Taken: jobs ``running``
+        whose latest claim and latest publish are more than ``older_than_s`` old, and, only while
+        the model's queue holds no waiting message (a backlog is not a loss), jobs ``queued`` and
+        never published or last published that long ago (see
         :func:`jobs.store.take_jobs_to_publish`). A job published twice is still run and stored
         once, so sweeping again, or while the old message lives, is harmless.
 
@@ -245,14 +247,28 @@ class Client:
 
         deadline_s = self.settings.worker.sweep_deadline_s if older_than_s is None else older_than_s
         celery_app = self.celery_app
+        queue_is_empty = self.num_waiting_messages() == 0
         with self.session_factory.begin() as session:
             job_ids = store.take_jobs_to_publish(
-                session, model=self.model, older_than=utcnow() - timedelta(seconds=deadline_s), limit=limit
+                session, model=self.model, older_than=utcnow() - timedelta(seconds=deadline_s), limit=limit,
+                include_queued=queue_is_empty,
             )
         if job_ids:
             self._publish_or_mark(celery_app, job_ids, batch_id=None)
             logger.warning("sweep: published %d jobs again (no message seen for %gs)", len(job_ids), deadline_s)
         return len(job_ids)
+
+    def num_waiting_messages(self) -> int:
+        """Messages waiting in the model's queue (not counting those workers hold unacked).
+
+        Raises:
+            BrokerNotConfigured: no broker URL.
+        """
+        with self.celery_app.connection_for_read() as connection:
+            try:
+                return connection.default_channel.queue_declare(self.queue, passive=True).message_count
+            except connection.channel_errors:  # Redis keeps no key for an empty queue
+                return 0
 
     def enqueue_generate(self, prompt: Any, **fields: Any) -> JobRef:
         """Enqueue one generation job (a batch of one). ``fields``: the rest of ``GenerateRequest``."""

@@ -428,7 +428,7 @@ def cancel_job(session: Session, job_id: uuid.UUID) -> Job:
 
 
 def take_jobs_to_publish(
-    session: Session, *, model: str, older_than: datetime, limit: int = 1000
+    session: Session, *, model: str, older_than: datetime, limit: int = 1000, include_queued: bool = True
 ) -> list[uuid.UUID]:
     """Find jobs whose message may be lost, and stamp them published now (the sweeper's read).
 
@@ -442,20 +442,19 @@ def take_jobs_to_publish(
         model: only jobs for this model (the caller publishes to that model's queue).
         older_than: the deadline, a timezone-aware UTC time.
         limit: the most ids returned.
+        include_queued: False takes only the ``running`` ones (while the queue still holds
+            messages, a ``queued`` job's message is most likely among them).
 
     Returns:
         The ids, oldest publish first, now with ``published_at`` = now (not committed).
     """
     not_since = or_(Job.published_at.is_(None), Job.published_at < older_than)
+    lost = [and_(Job.status == JobStatus.RUNNING, Job.claimed_at < older_than, not_since)]
+    if include_queued:
+        lost.append(and_(Job.status == JobStatus.QUEUED, not_since))
     stmt = (
         select(Job.id)
-        .where(
-            Job.model == model,
-            or_(
-                and_(Job.status == JobStatus.QUEUED, not_since),
-                and_(Job.status == JobStatus.RUNNING, Job.claimed_at < older_than, not_since),
-            ),
-        )
+        .where(Job.model == model, or_(*lost))
         .order_by(Job.published_at.asc().nulls_first())
         .limit(limit)
         .with_for_update(skip_locked=True)

@@ -80,3 +80,12 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
         batch = db.execute("SELECT status, num_jobs, num_succeeded FROM batches").fetchall()
     assert rows == [("1", 1, 1), ("2", 1, 1)]
     assert batch == [("completed", 4, 4)]
+
+
+def test_sweep_and_cancel_commands(redis_url, postgres_url):
+    env = {"WEIR_BROKER_URL": redis_url, "WEIR_DATABASE_URL": postgres_url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    done = weir("sweep", "--older-than-s", "60", env_overrides=env)
+    assert (done.returncode, done.stdout) == (0, "published 0 jobs again\n")
+    done = weir("cancel", "00000000-0000-0000-0000-000000000000", env_overrides=env)
+    assert (done.returncode, done.stderr) == (2, "weir cancel: no batch with id 00000000-0000-0000-0000-000000000000\n")
+    assert weir("sweep", env_overrides={"WEIR_DATABASE_URL": postgres_url}).returncode == 2
