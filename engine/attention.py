@@ -77,6 +77,16 @@ class AttentionMetadata:
     decode_context_mask: torch.Tensor | None = None
     prefills: list[PrefillSeq] = field(default_factory=list)
     varlen: VarlenMeta | None = None  # CPU kernel tokens (then num_decode_tokens is 0)
+    # Triton path (see use_kernels): int32 tensors read by the kernels, no masks or slot lists.
+    # decode_context_lens: [num_decodes]; prefill_block_tables: [num_prefills, max_num_blocks];
+    # prefill_query_start_loc: [num_prefills + 1], starting at num_decode_tokens;
+    # prefill_context_lens: [num_prefills]; max_prefill_query_len: host int (0 = no prefill).
+    use_kernels: bool = False
+    decode_context_lens: torch.Tensor | None = None
+    prefill_block_tables: torch.Tensor | None = None
+    prefill_query_start_loc: torch.Tensor | None = None
+    prefill_context_lens: torch.Tensor | None = None
+    max_prefill_query_len: int = 0
 
 
 def write_kv_cache(
@@ -154,4 +164,52 @@ def paged_attention(
                 q, k, v, attn_mask=p.mask, scale=scale, enable_gqa=kvh != num_heads
             )
         out[s:s + n] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+# ---- dispatch: Triton kernels on CUDA, the torch reference above elsewhere ----------------------
+
+
+def use_kernels(device: torch.device, dtype: torch.dtype) -> bool:
+    """True where the Triton kernels of ``kernels/`` run attention and cache writes: CUDA tensors
+    in fp16/bf16. Everywhere else (CPU, fp32) the torch functions above are used and stay the
+    oracle the kernels are tested against."""
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+             meta: AttentionMetadata) -> None:
+    """:func:`write_kv_cache` or, with ``meta.use_kernels``, ``kernels.kv_cache.write_kv_cache``
+    (which also skips slot -1, the padding rows of a CUDA-graph batch)."""
+    if not meta.use_kernels:
+        write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping)
+        return
+    from kernels.kv_cache import write_kv_cache as write_kv_cache_kernel
+
+    write_kv_cache_kernel(key, value, key_cache, value_cache, meta.slot_mapping)
+
+
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+) -> torch.Tensor:
+    """Attention of one packed step (same arguments and result as :func:`paged_attention`).
+
+    With ``meta.use_kernels`` the decode rows go to ``kernels.paged_attention`` and the prefill
+    rows to ``kernels.prefill_attention``; both read keys/values through the block tables only.
+    """
+    if not meta.use_kernels:
+        return paged_attention(query, key, value, key_cache, value_cache, meta, scale)
+    from kernels.paged_attention import paged_attention_decode
+    from kernels.prefill_attention import prefill_attention
+
+    out = torch.empty_like(query)
+    nd = meta.num_decode_tokens
+    if nd:
+        paged_attention_decode(query[:nd], key_cache, value_cache, meta.decode_block_tables,
+                               meta.decode_context_lens, scale, out=out[:nd])
+    if meta.max_prefill_query_len:
+        prefill_attention(query, key_cache, value_cache, meta.prefill_block_tables,
+                          meta.prefill_query_start_loc, meta.prefill_context_lens,
+                          meta.max_prefill_query_len, scale, out=out)
     return out

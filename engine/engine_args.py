@@ -22,12 +22,15 @@ class EngineArgs:
         max_num_seqs: most requests running in one step.
         max_num_batched_tokens: token budget of one step.
         block_size: tokens per KV block.
-        gpu_memory_utilization: fraction of GPU memory the engine may use (weights + cache).
+        gpu_memory_utilization: on CUDA, the fraction of the memory left free after loading the
+            weights and profiling one full step's activations that the KV cache takes
+            (``engine.gpu_memory``); the rest is headroom (CUDA graphs, workspaces).
         cpu_kv_cache_bytes: KV-cache size on CPU, bytes.
         num_gpu_blocks_override: fix the number of KV blocks (any device).
         enable_prefix_caching: reuse cached full blocks of equal prefixes.
         seed: seed of the default sampling generator.
         skip_tokenizer_init: load no tokenizer (prompts must be token ids).
+        enforce_eager: on CUDA, run decode steps eagerly instead of replaying CUDA graphs.
     """
 
     model: Any = None
@@ -45,6 +48,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     seed: int = 0
     skip_tokenizer_init: bool = False
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         checks = {

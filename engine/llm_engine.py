@@ -98,7 +98,8 @@ class LLMEngine:
             raise ValueError(
                 f"max_model_len={self.max_model_len} needs {need} KV blocks of {args.block_size} tokens "
                 f"but only {self.num_blocks} fit; lower max_model_len or give the cache more memory")
-        self.runner = ModelRunner(self.model, self.num_blocks, args.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, self.num_blocks, args.block_size, self.device, self.dtype,
+                                  args.max_num_seqs, self.max_model_len, args.enforce_eager)
         self.block_pool = BlockPool(self.num_blocks, args.enable_prefix_caching)
         self.kv = KVCacheManager(self.block_pool, args.block_size, self.runner.copy_block,
                                  extra_key=self.model_name)
@@ -123,13 +124,12 @@ class LLMEngine:
         if a.num_gpu_blocks_override:
             return a.num_gpu_blocks_override
         if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            cfg = self.config
-            # activations of one full step (hidden, qkv, MLP) plus logits of the sampled rows
-            act = a.max_num_batched_tokens * (6 * cfg.hidden_size + 3 * cfg.intermediate_size) * 4
-            act += a.max_num_seqs * cfg.vocab_size * 4 * 2
-            budget = total * a.gpu_memory_utilization - (total - free) - act
-            return max(int(budget // per_block), 0)
+            from engine.gpu_memory import profile_kv_cache_bytes
+
+            kv_cache_bytes = profile_kv_cache_bytes(
+                self.model, a.max_num_batched_tokens, a.max_num_seqs, self.max_model_len, a.block_size,
+                a.gpu_memory_utilization, self.device, self.dtype)
+            return kv_cache_bytes // per_block
         return max(a.cpu_kv_cache_bytes // per_block, 1)
 
     # ---- requests ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata, paged_attention, write_kv_cache
+from engine.attention import AttentionMetadata, attention, write_kv
 
 
 class RMSNorm(nn.Module):
@@ -70,8 +70,8 @@ class LlamaDecoderLayer(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
-        o = paged_attention(q, k, v, key_cache, value_cache, meta, self.scale)
+        write_kv(k, v, key_cache, value_cache, meta)
+        o = attention(q, k, v, key_cache, value_cache, meta, self.scale)
         x = residual + self.o_proj(o.reshape(t, -1))
         residual = x
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).split(
