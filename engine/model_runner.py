@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSeq, VarlenMeta, use_kernels
+from engine.attention import AttentionMetadata, PrefillSeq, VarlenMeta
 from engine.sampler import SampleRow, sample, top_logprobs
 from engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from engine.step_inputs import build_kernel_step
 from kernels.cpu_paged_attention import is_available as cpu_kernel_available
 
 
@@ -15,20 +14,14 @@ class ModelRunner:
     """Owns the model and the KV cache tensors.
 
     The KV cache is one tensor ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``.
-    On CUDA in fp16/bf16 the step runs the Triton kernels (``use_kernels``) and decode-only steps
-    replay CUDA graphs captured here; elsewhere it runs the torch reference attention.
 
     Args:
         model: a ``LlamaForCausalLM`` from ``engine.models.llama``.
         num_blocks, block_size: cache geometry.
         device, dtype: where and in what the cache lives.
-        max_num_seqs, max_model_len: size the decode CUDA graphs (none are captured without them).
-        enforce_eager: capture no CUDA graphs.
     """
 
-    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype,
-                 max_num_seqs: int | None = None, max_model_len: int | None = None,
-                 enforce_eager: bool = False):
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype):
         cfg = model.config
         self.model = model
         self.device = device
@@ -39,14 +32,7 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
-        self.use_kernels = use_kernels(device, dtype)
         self.use_cpu_kernel = device.type == "cpu" and dtype == torch.float32 and cpu_kernel_available()
-        self.graphs = None
-        if self.use_kernels and not enforce_eager and max_num_seqs and max_model_len:
-            from engine.cuda_graphs import DecodeGraphs
-
-            max_blocks = -(-max_model_len // block_size)
-            self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs, max_blocks, device)
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:
@@ -71,12 +57,11 @@ class ModelRunner:
         decodes = [s for s in sched.scheduled if s.num_new_tokens == 1]
         prefills = [s for s in sched.scheduled if s.num_new_tokens > 1]
         ordered: list[ScheduledRequest] = decodes + prefills
-        if self.use_kernels:
-            return self._outputs(ordered, self._forward_kernels(decodes, prefills))
         if self.use_cpu_kernel:
-            # prefills over a cached prefix join the decodes in the CPU kernel; fresh ones go last
-            prefills = [s for s in prefills if s.request.num_computed_tokens] + [
-                s for s in prefills if not s.request.num_computed_tokens]
+            # short prefills over a cached prefix join the decodes in the CPU kernel; the others
+            # (SDPA over a gathered context, or fresh) go last
+            short = [s for s in prefills if self._uses_cpu_kernel(s)]
+            prefills = short + [s for s in prefills if not self._uses_cpu_kernel(s)]
             ordered = decodes + prefills
         input_ids: list[int] = []
         positions: list[int] = []
@@ -100,12 +85,20 @@ class ModelRunner:
         )
         return self._outputs(ordered, hidden)
 
+    # the CPU kernel computes one query token at a time: best for decodes and short chunks (label
+    # forks, sample forks); longer chunks over a prefix are matrix work for SDPA
+    MAX_CPU_KERNEL_CHUNK = 16
+
+    def _uses_cpu_kernel(self, s: ScheduledRequest) -> bool:
+        return s.num_new_tokens == 1 or (
+            s.request.num_computed_tokens > 0 and s.num_new_tokens <= self.MAX_CPU_KERNEL_CHUNK)
+
     def _varlen_meta(self, meta: AttentionMetadata, decodes: list[ScheduledRequest],
                      prefills: list[ScheduledRequest]) -> None:
-        """CPU kernel inputs: every token that reads cached context (decodes, then prefills over
-        a cached prefix) by sequence row and visible length; fresh prefills keep SDPA."""
+        """CPU kernel inputs: decodes and short prefills over a cached prefix, by sequence row
+        and visible length; the other prefills get :meth:`_reference_meta` entries."""
         dev = self.device
-        seqs = decodes + [s for s in prefills if s.request.num_computed_tokens]
+        seqs = decodes + [s for s in prefills if self._uses_cpu_kernel(s)]
         token_seq: list[int] = []
         token_ctx: list[int] = []
         for i, s in enumerate(seqs):
@@ -122,13 +115,10 @@ class ModelRunner:
                 token_ctx=torch.tensor(token_ctx, dtype=torch.long, device=dev),
                 max_ctx=max(token_ctx),
             )
-        offset = len(token_seq)
-        for s in prefills[len(seqs) - len(decodes):]:  # fresh prefills: ordered last
-            meta.prefills.append(PrefillSeq(offset, s.num_new_tokens, s.num_new_tokens, None))
-            offset += s.num_new_tokens
+        self._reference_meta(meta, [], prefills[len(seqs) - len(decodes):], offset=len(token_seq))
 
     def _reference_meta(self, meta: AttentionMetadata, decodes: list[ScheduledRequest],
-                        prefills: list[ScheduledRequest]) -> None:
+                        prefills: list[ScheduledRequest], offset: int = 0) -> None:
         """Inputs of the torch reference attention: decode block tables and masks, one
         :class:`PrefillSeq` (with its causal mask over the cached prefix) per prefill."""
         dev = self.device
@@ -142,7 +132,7 @@ class ModelRunner:
             valid = torch.arange(max_ctx, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None]
             meta.decode_block_tables = bt
             meta.decode_context_mask = valid[:, None, None, :]
-        offset = len(decodes)
+        offset += len(decodes)
         for s in prefills:
             r = s.request
             start, n = r.num_computed_tokens, s.num_new_tokens
@@ -153,18 +143,6 @@ class ModelRunner:
                 mask = torch.arange(start + n, device=dev)[None, :] <= q_pos[:, None]
             meta.prefills.append(PrefillSeq(offset, n, start + n, ctx_slots, mask))
             offset += n
-
-    def _forward_kernels(self, decodes: list[ScheduledRequest],
-                         prefills: list[ScheduledRequest]) -> torch.Tensor:
-        """The Triton path: one packed int32 input copy, then a CUDA-graph replay (decode-only
-        steps) or an eager forward. Returns ``[num_tokens, hidden_size]``."""
-        padded = None
-        if self.graphs is not None and not prefills:
-            padded = self.graphs.padded_size(len(decodes))
-        step = build_kernel_step(decodes, prefills, self.block_size, self.device, num_padded_decodes=padded)
-        if padded is not None:
-            return self.graphs.replay(step)[:len(decodes)]
-        return self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
 
     def _outputs(self, ordered: list[ScheduledRequest], hidden: torch.Tensor) -> ModelRunnerOutput:
         out = ModelRunnerOutput()
