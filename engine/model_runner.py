@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSeq, VarlenMeta
+from engine.attention import AttentionMetadata, PrefillSeq, VarlenMeta, use_kernels
 from engine.sampler import SampleRow, sample, top_logprobs
 from engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.step_inputs import build_kernel_step
 from kernels.cpu_paged_attention import is_available as cpu_kernel_available
 
 
@@ -14,14 +15,20 @@ class ModelRunner:
     """Owns the model and the KV cache tensors.
 
     The KV cache is one tensor ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``.
+    On CUDA in fp16/bf16 the step runs the Triton kernels (``use_kernels``) and decode-only steps
+    replay CUDA graphs captured here; elsewhere it runs the torch reference attention.
 
     Args:
         model: a ``LlamaForCausalLM`` from ``engine.models.llama``.
         num_blocks, block_size: cache geometry.
         device, dtype: where and in what the cache lives.
+        max_num_seqs, max_model_len: size the decode CUDA graphs (none are captured without them).
+        enforce_eager: capture no CUDA graphs.
     """
 
-    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype,
+                 max_num_seqs: int | None = None, max_model_len: int | None = None,
+                 enforce_eager: bool = False):
         cfg = model.config
         self.model = model
         self.device = device
@@ -32,7 +39,14 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
+        self.use_kernels = use_kernels(device, dtype)
         self.use_cpu_kernel = device.type == "cpu" and dtype == torch.float32 and cpu_kernel_available()
+        self.graphs = None
+        if self.use_kernels and not enforce_eager and max_num_seqs and max_model_len:
+            from engine.cuda_graphs import DecodeGraphs
+
+            max_blocks = -(-max_model_len // block_size)
+            self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs, max_blocks, device)
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:
@@ -57,6 +71,8 @@ class ModelRunner:
         decodes = [s for s in sched.scheduled if s.num_new_tokens == 1]
         prefills = [s for s in sched.scheduled if s.num_new_tokens > 1]
         ordered: list[ScheduledRequest] = decodes + prefills
+        if self.use_kernels:
+            return self._outputs(ordered, self._forward_kernels(decodes, prefills))
         if self.use_cpu_kernel:
             # short prefills over a cached prefix join the decodes in the CPU kernel; the others
             # (SDPA over a gathered context, or fresh) go last
@@ -143,6 +159,18 @@ class ModelRunner:
                 mask = torch.arange(start + n, device=dev)[None, :] <= q_pos[:, None]
             meta.prefills.append(PrefillSeq(offset, n, start + n, ctx_slots, mask))
             offset += n
+
+    def _forward_kernels(self, decodes: list[ScheduledRequest],
+                         prefills: list[ScheduledRequest]) -> torch.Tensor:
+        """The Triton path: one packed int32 input copy, then a CUDA-graph replay (decode-only
+        steps) or an eager forward. Returns ``[num_tokens, hidden_size]``."""
+        padded = None
+        if self.graphs is not None and not prefills:
+            padded = self.graphs.padded_size(len(decodes))
+        step = build_kernel_step(decodes, prefills, self.block_size, self.device, num_padded_decodes=padded)
+        if padded is not None:
+            return self.graphs.replay(step)[:len(decodes)]
+        return self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
 
     def _outputs(self, ordered: list[ScheduledRequest], hidden: torch.Tensor) -> ModelRunnerOutput:
         out = ModelRunnerOutput()
