@@ -41,10 +41,10 @@ class WorkerProcess:
     def wait_ready(self, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if " ready." in self.log():  # it may have died since, of the first job it took
+                return
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            if " ready." in self.log():
-                return
             time.sleep(0.2)
         raise AssertionError(f"worker not ready after {timeout_s}s:\n{self.log()[-4000:]}")
 

@@ -383,3 +383,28 @@ def test_cancel_aborts_a_running_job_and_skips_queued_ones(start_worker, client)
     assert {c: row[:2] + (row[3],) for c, row in table.items()} == {
         "long": (JobStatus.CANCELLED, 1, None), "next": (JobStatus.CANCELLED, 0, None)}
     assert worker.terminate() == 0
+
+
+def test_a_job_that_crashes_the_worker_every_time_fails_after_max_attempts(worker_env, start_worker, client, tmp_path):
+    hook = os.path.join(HERE, "crash_hook")
+    settings = dict(FAST_REDELIVERY, WEIR_MAX_ATTEMPTS="2", WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1",
+                    WEIR_TEST_CRASH_MARKER="CRASH-ME", PYTHONPATH=hook + os.pathsep + worker_env["PYTHONPATH"])
+    requests = [GenerateRequest(prompt="CRASH-ME", custom_id="poison", max_tokens=2)]
+    requests += [GenerateRequest(prompt=f"Item {i}", custom_id=f"good-{i}", max_tokens=2) for i in range(6)]
+    batch_id = client.enqueue_batch(requests)
+    worker = start_worker(**settings)
+    num_restarts = 0
+    deadline = time.monotonic() + 120
+    while not client.batch_status(batch_id).status.is_finished:
+        assert time.monotonic() < deadline, "batch not finished after 120 s"
+        if not worker.is_alive():  # what a process supervisor does
+            worker = start_worker(**settings)
+            num_restarts += 1
+        time.sleep(0.1)
+
+    table = rows(client, batch_id)
+    assert num_restarts == 2  # one crash per attempt; the third delivery only records the failure
+    assert {c: row[:2] for c, row in table.items()} == {
+        "poison": (JobStatus.FAILED, 2), **{f"good-{i}": (JobStatus.SUCCEEDED, 1) for i in range(6)}}
+    [poison] = [r for r in client.results(batch_id) if r["custom_id"] == "poison"]
+    assert poison["error"] == "gave up after 2 attempts: each one lost its worker or ran out of time"
