@@ -54,8 +54,8 @@ def run_hf_static(hf, prompts, batch_size, eos, pad_id):
     for i in range(0, len(prompts), batch_size):
         batch = prompts[i:i + batch_size]
         width = max(len(p) for p in batch)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch], device=hf.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=hf.device)
         with torch.inference_mode():
             out = hf.generate(ids, attention_mask=mask, max_new_tokens=W_GEN_MAX_TOKENS, do_sample=False,
                               eos_token_id=sorted(eos), pad_token_id=pad_id)
@@ -87,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--systems", default="weir,hf-static,hf-cb")
     ap.add_argument("--repeats", type=int, default=1, help="weir runs (median reported)")
     ap.add_argument("--json", default=None, help="append one JSON line per figure to this file")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (every system runs there)")
+    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16 (every system)")
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     systems = args.systems.split(",")
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
     from engine import LLM
     from engine.loader import resolve_model
 
-    llm = LLM(args.model, dtype="float32", max_num_seqs=max(64, args.n), max_model_len=1024)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=max(64, args.n), max_model_len=1024)
     prompts = [llm.encode_prompt(m) for m in w_gen_messages(args.n)]
     eos = set(llm.llm_engine.eos_token_ids)
     results = []
@@ -127,7 +129,8 @@ def main(argv=None) -> int:
         from transformers import AutoModelForCausalLM
 
         src = resolve_model(args.model)
-        hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32, **src.hf_kwargs()).eval()
+        hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=getattr(torch, args.dtype),
+                                                  **src.hf_kwargs()).to(args.device).eval()
         pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
         if "hf-static" in systems:
             run_hf_static(hf, prompts[:2], 2, eos, pad_id)  # warm-up

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Every check and benchmark of weir's CUDA path in one go, on one GPU; JSON lines under $OUT.
+#
+#   OUT=/some/dir bash bench/gpu.sh            # everything (about 10 minutes on an H200)
+#   OUT=/some/dir bash bench/gpu.sh checks     # kernel tests on CUDA + greedy equality only
+#   OUT=/some/dir bash bench/gpu.sh bench      # W-mixed (both shapes) + W-gen only
+#
+# checks: tests/kernels on real CUDA tensors (junit XML), the engine's bf16 greedy tokens against
+#         transformers bf16 on 8 catalog prompts (first divergence per prompt).
+# bench:  W-mixed on smollm2-135m and llama-1b shapes (weir, weir without CUDA graphs, HF static
+#         batch 64/256, HF continuous batching) and W-gen on 1024 catalog products with the real
+#         SmolLM2 weights (weir, HF static 64/256, HF continuous batching).
+# Each step has its own time limit and leaves <step>.log; steps.jsonl records every exit status.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+what="${1:-all}"
+
+step() {  # step NAME TIMEOUT_S COMMAND...
+  local name="$1" limit="$2"; shift 2
+  echo "== $name: $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}" >>"$OUT/steps.jsonl"
+  tail -n 25 "$OUT/$name.log"
+}
+
+python - >"$OUT/env.json" <<'PY'
+import json, torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0)
+        if torch.cuda.is_available() else None}
+for mod in ("triton", "transformers"):
+    try:
+        info[mod] = __import__(mod).__version__
+    except ImportError as e:
+        info[mod] = f"missing: {e}"
+print(json.dumps(info))
+PY
+cat "$OUT/env.json"
+
+if [ "$what" = all ] || [ "$what" = checks ]; then
+  step kernel_tests 240 python -m pytest -q tests/kernels --junitxml="$OUT/kernel_tests.xml"
+  step greedy_check 150 python -m bench.greedy_check --n 8 --device cuda --dtype bfloat16 \
+    --json "$OUT/greedy.jsonl"
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  step mixed 420 python -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 3 \
+    --batch-sizes 64,256 --json "$OUT/mixed.jsonl"
+  step mixed_eager 120 python -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 1 \
+    --systems weir --enforce-eager --json "$OUT/mixed.jsonl"
+  step wgen 240 python -m bench.run --n 1024 --device cuda --dtype bfloat16 --batch-sizes 64,256 \
+    --repeats 3 --json "$OUT/wgen.jsonl"
+fi
+cat "$OUT/steps.jsonl"

@@ -1,0 +1,310 @@
+"""W-mixed benchmark: weir against HF static and HF continuous batching, measured in the same run.
+
+Usage::
+
+    python -m bench.mixed [--shapes smollm2-135m,llama-1b] [--n 512] [--json out.jsonl]
+    python -m bench.mixed --small            # CPU smoke: 16 short requests, tiny and smollm2 shapes
+
+Workload (``../shared/bench/workloads.md``): ``n`` requests, seed 0, prompts of random token ids
+with length uniform in [64, 512], output length uniform in [16, 256], ``ignore_eos``, greedy, dummy
+(random) weights, bf16 on CUDA. Metric: output tokens per second = sum of requested output lengths
+/ wall time. HF static runs left-padded batches to the longest requested output of each batch; HF
+continuous batching gets each request's own ``max_new_tokens``.
+
+Roofline: the run measures the device's dense matmul rate and copy bandwidth, counts the
+workload's FLOPs and its least state traffic (:func:`roofline`), and prints each system's fraction
+of ``max(flops / matmul_rate, bytes / bandwidth)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import torch
+
+SHAPES = {
+    "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152),
+    "llama-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                     intermediate_size=8192, vocab_size=128256),
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=256, vocab_size=512),
+}
+
+
+def llama_config(shape: str, max_positions: int):
+    """A ``LlamaConfig`` of one W-mixed model shape (tied embeddings, bos 1, eos 2)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=max_positions,
+                       bos_token_id=1, eos_token_id=2, rope_theta=10000.0)
+
+
+def w_mixed_requests(n: int, vocab_size: int, prompt_lens=(64, 512), output_lens=(16, 256),
+                     seed: int = 0) -> list[tuple[list[int], int]]:
+    """``n`` pairs (prompt token ids, output length), lengths uniform in the inclusive ranges."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        p = rng.randint(*prompt_lens)
+        out.append(([rng.randrange(3, vocab_size) for _ in range(p)], rng.randint(*output_lens)))
+    return out
+
+
+# ---- roofline -------------------------------------------------------------------------------------
+
+
+def workload_cost(config, requests, dtype_bytes: int = 2) -> dict:
+    """FLOPs and least bytes moved for a workload on a Llama-shaped model.
+
+    FLOPs (multiply-add = 2): every computed token (prompt + output - 1 per request) passes the
+    non-embedding weights (2 FLOPs per weight); every output token needs one LM-head row
+    (2 * hidden * vocab); a token at position p attends to p + 1 keys (4 * heads * head_dim per key
+    and layer).
+    Bytes: the weights are read once per decode step, and there are at least as many steps as the
+    longest output; every token's key/value is written once; a decode token reads its whole
+    context's keys/values, a prompt's keys/values are read once more by its prefill.
+    """
+    h, L = config.hidden_size, config.num_hidden_layers
+    heads, kvh = config.num_attention_heads, config.num_key_value_heads
+    d = h // heads
+    inter, vocab = config.intermediate_size, config.vocab_size
+    per_layer = h * heads * d * 2 + h * kvh * d * 2 + 3 * h * inter
+    non_embedding = L * per_layer
+    weight_bytes = (non_embedding + h * vocab) * dtype_bytes
+    kv_token_bytes = 2 * L * kvh * d * dtype_bytes
+    flops = 0
+    kv_bytes = 0
+    for prompt, out_len in requests:
+        p = len(prompt)
+        t = p + out_len - 1  # tokens that pass through the model
+        flops += 2 * non_embedding * t + 2 * h * vocab * out_len
+        flops += 4 * heads * d * L * t * (t + 1) // 2
+        decode_ctx = sum(range(p + 1, t + 1))  # contexts read by the out_len - 1 decode tokens
+        kv_bytes += kv_token_bytes * (t + p + decode_ctx)
+    steps = max(o for _, o in requests)
+    return {"flops": flops, "bytes": weight_bytes * steps + kv_bytes, "weight_bytes": weight_bytes,
+            "kv_bytes_per_token": kv_token_bytes}
+
+
+def measure_peaks(device: torch.device, dtype: torch.dtype) -> dict:
+    """Dense matmul FLOP/s and copy bandwidth (bytes read + written per second) of this device."""
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    size = (1 << 30) if device.type == "cuda" else (1 << 26)
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+
+    def best(fn, reps):
+        fn()
+        times = []
+        for _ in range(reps):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    mm = best(lambda: a @ b, 10)
+    cp = best(lambda: dst.copy_(src), 10)
+    return {"matmul_flops_per_s": 2 * n ** 3 / mm, "copy_bytes_per_s": 2 * size / cp}
+
+
+# ---- systems ----------------------------------------------------------------------------------------
+
+
+def run_weir(config, requests, args, dtype: str) -> tuple[float, int, dict]:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(config, load_format="dummy", skip_tokenizer_init=True, dtype=dtype, device=args.device,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              max_model_len=config.max_position_embeddings, enforce_eager=args.enforce_eager)
+    prompts = [p for p, _ in requests]
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in requests]
+    llm.generate(prompts[:4], [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * len(prompts[:4]))
+    times = []
+    for _ in range(args.repeats):
+        llm.reset_prefix_cache()
+        _sync(args.device)
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        times.append(time.perf_counter() - t)
+    toks = sum(len(o.outputs[0].token_ids) for o in outs)
+    stats = llm.llm_engine.stats()
+    # the peers run next in this process: drop the KV pool and graphs now, not at some later GC
+    runner = llm.llm_engine.runner
+    runner.kv_cache = runner.kv_caches = runner.graphs = None
+    del llm, runner
+    _free(args.device)
+    return statistics.median(times), toks, {"num_gpu_blocks": stats.get("num_gpu_blocks"),
+                                            "num_preemptions": stats.get("num_preemptions"),
+                                            "repeats_s": [round(x, 3) for x in times]}
+
+
+def hf_model(config, device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def run_hf_static(hf, requests, batch_size: int, device: str) -> tuple[float, int]:
+    from transformers import GenerationConfig
+
+    _sync(device)
+    t = time.perf_counter()
+    toks = 0
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i:i + batch_size]
+        width = max(len(p) for p, _ in batch)
+        steps = max(o for _, o in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
+        # eos_token_id=None: the batch runs to its longest requested output (ignore_eos)
+        gc = GenerationConfig(max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
+        with torch.inference_mode():
+            out = hf.generate(ids, attention_mask=mask, generation_config=gc)
+        toks += sum(min(o, out.shape[1] - width) for _, o in batch)
+    _sync(device)
+    return time.perf_counter() - t, toks
+
+
+def run_hf_cb(hf, requests, device: str) -> tuple[float, int]:
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(max_new_tokens=max(o for _, o in requests), do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+    results = {}
+    with torch.inference_mode(), hf.continuous_batching_context_manager(generation_config=gc, block=True,
+                                                                          timeout=30) as manager:
+        _sync(device)
+        t = time.perf_counter()
+        for i, (p, o) in enumerate(requests):
+            manager.add_request(p, request_id=f"r{i}", max_new_tokens=o)
+        while len(results) < len(requests):
+            r = manager.get_result(timeout=1)
+            if r is not None and r.is_finished():
+                results[r.request_id] = r
+            elif r is None and not manager.is_running():
+                raise RuntimeError(f"continuous batching stopped after {len(results)} of {len(requests)} requests")
+        _sync(device)
+        secs = time.perf_counter() - t
+    return secs, sum(len(r.generated_tokens) for r in results.values())
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---- main -------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.mixed", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="smollm2-135m,llama-1b", help=f"comma list of {sorted(SHAPES)}")
+    ap.add_argument("--n", type=int, default=512, help="requests")
+    ap.add_argument("--systems", default="weir,hf-static,hf-cb")
+    ap.add_argument("--batch-sizes", default="64,256", help="HF static batch sizes")
+    ap.add_argument("--repeats", type=int, default=3, help="weir runs (median reported)")
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--enforce-eager", action="store_true", help="weir without CUDA graphs")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--small", action="store_true",
+                    help="CPU smoke: 16 requests, prompts 8-48, outputs 4-24, tiny and smollm2 shapes, "
+                         "HF static batch 8/16, one weir repeat")
+    ap.add_argument("--json", default=None, help="append one JSON line per figure to this file")
+    args = ap.parse_args(argv)
+    prompt_lens, output_lens = (64, 512), (16, 256)
+    if args.small:
+        args.n, args.repeats, args.max_num_seqs, args.max_num_batched_tokens = 16, 1, 16, 512
+        prompt_lens, output_lens = (8, 48), (4, 24)
+        if args.shapes == ap.get_default("shapes"):
+            args.shapes = "tiny,smollm2-135m"
+        if args.batch_sizes == ap.get_default("batch_sizes"):
+            args.batch_sizes = "8,16"
+    device = torch.device(args.device)
+    dtype_name = "bfloat16" if device.type == "cuda" else "float32"
+    dtype = getattr(torch, dtype_name)
+    systems = args.systems.split(",")
+    peaks = measure_peaks(device, dtype)
+    print(f"device {device} {dtype_name}: matmul {peaks['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, "
+          f"copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
+
+    def report(row):
+        print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    for shape in args.shapes.split(","):
+        config = llama_config(shape, max_positions=prompt_lens[1] + output_lens[1])
+        requests = w_mixed_requests(args.n, config.vocab_size, prompt_lens, output_lens)
+        requested = sum(o for _, o in requests)
+        cost = workload_cost(config, requests, dtype_bytes=torch.empty(0, dtype=dtype).element_size())
+        roof_s = max(cost["flops"] / peaks["matmul_flops_per_s"], cost["bytes"] / peaks["copy_bytes_per_s"])
+        base = {"workload": "W-mixed", "shape": shape, "n": args.n, "device": str(device), "dtype": dtype_name,
+                "output_tokens": requested, "roofline_s": round(roof_s, 4), "flops": cost["flops"],
+                "state_bytes": cost["bytes"], **{k: round(v) for k, v in peaks.items()}}
+        rows = []
+
+        def add(system, secs, toks, **extra):
+            row = {**base, "system": system, "seconds": round(secs, 3), "tok_per_s": round(requested / secs, 1),
+                   "generated_tokens": toks, "roofline_fraction": round(roof_s / secs, 4), **extra}
+            rows.append(row)
+            report(row)
+
+        if "weir" in systems:
+            secs, toks, extra = run_weir(config, requests, args, dtype_name)
+            add("weir", secs, toks, enforce_eager=args.enforce_eager, **extra)
+        if "hf-static" in systems or "hf-cb" in systems:
+            hf = hf_model(config, args.device, dtype)
+            if "hf-static" in systems:
+                run_hf_static(hf, requests[:2], 2, args.device)  # warm-up
+                for bs in [int(b) for b in args.batch_sizes.split(",")]:
+                    try:
+                        secs, toks = run_hf_static(hf, requests, bs, args.device)
+                        add(f"hf-static-bs{bs}", secs, toks)
+                    except torch.OutOfMemoryError as e:  # the peer's own failure is reported
+                        report({**base, "system": f"hf-static-bs{bs}", "error": f"OutOfMemoryError: {e}"[:300]})
+                        _free(args.device)
+            if "hf-cb" in systems:
+                try:
+                    secs, toks = run_hf_cb(hf, requests, args.device)
+                    add("hf-continuous-batching", secs, toks)
+                except Exception as e:  # the peer's own failure is reported, not hidden
+                    report({**base, "system": "hf-continuous-batching", "error": f"{type(e).__name__}: {e}"[:300]})
+            del hf
+            _free(args.device)
+        weir = next((r for r in rows if r["system"] == "weir"), None)
+        print(f"--- W-mixed {shape}: {args.n} requests, {requested} output tokens, roofline {roof_s:.3f} s")
+        for r in rows:
+            ratio = f"  weir x{weir['tok_per_s'] / r['tok_per_s']:.2f}" if weir and r is not weir else ""
+            print(f"{r['system']:<24} {r['seconds']:>8.2f} s {r['tok_per_s']:>10.1f} tok/s  "
+                  f"{100 * r['roofline_fraction']:5.1f}% of roofline{ratio}", flush=True)
+        if weir:
+            report({**base, "system": "ratios", **{f"weir_over_{r['system']}": round(weir['tok_per_s'] / r['tok_per_s'], 3)
+                                                   for r in rows if r is not weir}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
