@@ -27,6 +27,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused pass, same values as the three-step form below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -62,14 +64,15 @@ class LlamaDecoderLayer(nn.Module):
         # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]
         residual = x
         h = self.input_layernorm(x)
-        q, k, v = self.qkv_proj(h).split(self.qkv_sizes, dim=-1)
+        qkv = self.qkv_proj(h)
         t = x.shape[0]
+        nq, nkv = self.num_heads, self.num_kv_heads
+        # rotary on queries and keys in one pass. qk: [num_tokens, num_heads + num_kv_heads, head_dim]
+        qk = qkv[:, :(nq + nkv) * self.head_dim].view(t, nq + nkv, self.head_dim)
+        qk = qk * cos + rotate_half(qk) * sin
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = qk[:, :nq], qk[:, nq:]
+        v = qkv[:, (nq + nkv) * self.head_dim:].view(t, nkv, self.head_dim)
         write_kv(k, v, key_cache, value_cache, meta)
         o = attention(q, k, v, key_cache, value_cache, meta, self.scale)
         x = residual + self.o_proj(o.reshape(t, -1))
