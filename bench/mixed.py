@@ -301,8 +301,9 @@ def main(argv=None) -> int:
             print(f"{r['system']:<24} {r['seconds']:>8.2f} s {r['tok_per_s']:>10.1f} tok/s  "
                   f"{100 * r['roofline_fraction']:5.1f}% of roofline{ratio}", flush=True)
         if weir:
-            report({**base, "system": "ratios", **{f"weir_over_{r['system']}": round(weir['tok_per_s'] / r['tok_per_s'], 3)
-                                                   for r in rows if r is not weir}})
+            ratios = {f"weir_over_{r['system']}": round(weir["tok_per_s"] / r["tok_per_s"], 3)
+                      for r in rows if r is not weir}
+            report({**base, "system": "ratios", **ratios})
     return 0
 
 

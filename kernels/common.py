@@ -50,11 +50,17 @@ def interpreting() -> bool:
 
 
 @triton.jit
-def dot(a, b, UPCAST: tl.constexpr):
-    """``tl.dot(a, b)`` with fp32 accumulation. The CPU interpreter multiplies bf16 operands as
-    their raw 16-bit patterns, so with ``UPCAST`` (set when interpreting) the operands are
-    widened to fp32 first; products of bf16/fp16 values are exact in fp32 either way."""
+def dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """``tl.dot(a, b)`` with fp32 accumulation.
+
+    ``UPCAST`` (set when interpreting): the CPU interpreter multiplies bf16 operands as their raw
+    16-bit patterns, so the operands are widened to fp32 first; products of bf16/fp16 values are
+    exact in fp32 either way. ``IEEE`` (set for fp32 operands): full fp32 products on the GPU
+    instead of TF32, so fp32 inputs match the torch reference closely.
+    """
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)

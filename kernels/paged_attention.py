@@ -35,7 +35,7 @@ def _paged_decode_kernel(
     stride_bt,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -66,7 +66,7 @@ def _paged_decode_kernel(
         k = tl.load(k_base + block[:, None] * stride_kb + offset[:, None] * stride_ks + d[None, :],
                     mask=kv_mask, other=0.0)
         # s: [BLOCK_G, BLOCK_N] fp32 scores in log2 units
-        s = dot(q, tl.trans(k), UPCAST) * scale_log2
+        s = dot(q, tl.trans(k), UPCAST, IEEE) * scale_log2
         s = tl.where(p_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -74,7 +74,7 @@ def _paged_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
                     mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST, IEEE)
         m_i = m_new
     # a request with no context (a padding row of a CUDA graph) gets zeros, not NaN
     l_i = tl.where(l_i == 0.0, 1.0, l_i)
@@ -92,8 +92,10 @@ def _check_args(query, key_cache, value_cache, block_tables, context_lens, out):
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[0]
     check(query.dtype == key_cache.dtype, f"query is {query.dtype} but the cache is {key_cache.dtype}")
-    check(key_cache.shape[3] == head_dim, f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
-    check(num_heads % num_kv_heads == 0, f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    check(key_cache.shape[3] == head_dim,
+          f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
+    check(num_heads % num_kv_heads == 0,
+          f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     check(block_tables.shape[0] == num_seqs and context_lens.shape[0] == num_seqs,
           f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} "
           f"need one row per query ({num_seqs})")
@@ -111,8 +113,9 @@ def paged_attention_decode(
     """Attention of one new query token per request to that request's cached context (Triton).
 
     Args:
-        query: ``[num_seqs, num_heads, head_dim]`` fp16/bf16 (fp32 accepted for tests), unit
-            stride in ``head_dim``. Query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+        query: ``[num_seqs, num_heads, head_dim]`` fp16/bf16 (fp32 accepted: IEEE fp32
+            products), unit stride in ``head_dim``. Query head ``h`` reads KV head
+            ``h // (num_heads // num_kv_heads)``.
         key_cache, value_cache: ``[num_kv_heads, num_blocks, block_size, head_dim]``, same dtype
             as ``query``, unit stride in ``head_dim``; ``block_size`` a power of two >= 8.
         block_tables: ``[num_seqs, max_num_blocks]`` int32/int64 block ids; entries past a
@@ -146,7 +149,8 @@ def paged_attention_decode(
         block_tables.stride(0),
         QUERIES_PER_KV=qpk, HEAD_DIM=head_dim,
         BLOCK_G=max(16, triton.next_power_of_2(qpk)), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size, BLOCK_N=max(64, block_size), UPCAST=interpreting(),
+        BLOCK_SIZE=block_size, BLOCK_N=max(64, block_size),
+        UPCAST=interpreting(), IEEE=query.dtype == torch.float32,
         num_warps=4,
     )
     return out

@@ -35,6 +35,7 @@ def _prefill_kernel(
     stride_bt,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     tile = tl.program_id(0)
     seq = tl.program_id(1)
@@ -73,7 +74,7 @@ def _prefill_kernel(
         k = tl.load(k_base + block[:, None] * stride_kb + offset[:, None] * stride_ks + d[None, :],
                     mask=kv_mask, other=0.0)
         # s: [BLOCK_M, BLOCK_N] fp32 scores in log2 units, causal within the context
-        s = dot(q, tl.trans(k), UPCAST) * scale_log2
+        s = dot(q, tl.trans(k), UPCAST, IEEE) * scale_log2
         s = tl.where(p_mask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
         # position 0 is in the first tile and visible to every row, so m_new is finite from then on
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -82,7 +83,7 @@ def _prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
                     mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST, IEEE)
         m_i = m_new
     l_i = tl.where(l_i == 0.0, 1.0, l_i)
     acc = acc / l_i[:, None]
@@ -127,8 +128,9 @@ def prefill_attention(
     row ``j`` of the chunk attends to positions ``0 .. context_lens[i] - query_len + j``.
 
     Args:
-        query: ``[num_tokens, num_heads, head_dim]`` fp16/bf16 (fp32 accepted for tests), unit
-            stride in ``head_dim``; rows outside every request's range are left untouched in ``out``.
+        query: ``[num_tokens, num_heads, head_dim]`` fp16/bf16 (fp32 accepted: IEEE fp32
+            products), unit stride in ``head_dim``; rows outside every request's range are left
+            untouched in ``out``.
         key_cache, value_cache: ``[num_kv_heads, num_blocks, block_size, head_dim]`` holding every
             context position (the new tokens included); ``block_size`` a power of two >= 8.
         block_tables: ``[num_seqs, max_num_blocks]`` int32/int64 block ids.
@@ -165,7 +167,7 @@ def prefill_attention(
         block_tables.stride(0),
         QUERIES_PER_KV=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=max(64 if block_d <= 64 else 32, block_size),
-        UPCAST=interpreting(), num_warps=4,
+        UPCAST=interpreting(), IEEE=query.dtype == torch.float32, num_warps=4,
     )
     return out
 

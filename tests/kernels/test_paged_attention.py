@@ -18,7 +18,8 @@ def test_decode_matches_reference(device, dtype, head_dim, queries_per_kv):
     num_kv_heads = 2 if queries_per_kv < 8 else 1
     kc, vc, bt = random_paged_cache(CONTEXT_LENS, num_kv_heads, head_dim, 16, dtype, device)
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(len(CONTEXT_LENS), num_kv_heads * queries_per_kv, head_dim, generator=g).to(dtype).to(device)
+    q = torch.randn(len(CONTEXT_LENS), num_kv_heads * queries_per_kv, head_dim, generator=g)
+    q = q.to(dtype).to(device)
     ctx = torch.tensor(CONTEXT_LENS, dtype=torch.int32, device=device)
     scale = head_dim ** -0.5
     out = pa.paged_attention_decode(q, kc, vc, bt, ctx, scale)
