@@ -22,8 +22,16 @@ GiB = 1 << 30
 
 
 @torch.inference_mode()
-def _dummy_step(model, num_tokens: int, num_sampled: int, max_model_len: int, block_size: int,
-                device: torch.device, dtype: torch.dtype) -> None:
+def dummy_step(model, num_tokens: int, num_sampled: int, max_model_len: int, block_size: int,
+               device: torch.device, dtype: torch.dtype, kernels: bool) -> torch.Tensor:
+    """The largest step the scheduler can build: ``num_tokens`` prompt tokens in prompts of at
+    most ``max_model_len - 1`` tokens, then logits and a log-softmax of ``num_sampled`` rows.
+    Runs the Triton path when ``kernels``, else the torch reference; nothing is written to the
+    engine's KV cache (a one-block scratch cache is used).
+
+    Returns:
+        ``[min(num_sampled, num_tokens)]`` int64 argmax tokens (so the work cannot be skipped).
+    """
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     # prompts of at most max_model_len - 1 tokens filling the token budget, as the scheduler can
@@ -37,7 +45,7 @@ def _dummy_step(model, num_tokens: int, num_sampled: int, max_model_len: int, bl
     # one cache block serves every layer: no slot is written (kernels) or every write hits it
     cache = torch.zeros(2, cfg.num_key_value_heads, 1, block_size, head_dim, dtype=dtype, device=device)
     kv_caches = [(cache[0], cache[1])] * cfg.num_hidden_layers
-    if use_kernels(device, dtype):
+    if kernels:
         starts = [0]
         for n in lens:
             starts.append(starts[-1] + n)
@@ -57,7 +65,7 @@ def _dummy_step(model, num_tokens: int, num_sampled: int, max_model_len: int, bl
             offset += n
     hidden = model(input_ids, positions, kv_caches, meta)
     rows = torch.arange(min(num_sampled, num_tokens), device=device)
-    torch.log_softmax(model.compute_logits(hidden[rows]), dim=-1).argmax(-1)
+    return torch.log_softmax(model.compute_logits(hidden[rows]), dim=-1).argmax(-1)
 
 
 def profile_kv_cache_bytes(model, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
@@ -75,7 +83,8 @@ def profile_kv_cache_bytes(model, max_num_batched_tokens: int, max_num_seqs: int
     free_bytes, total_bytes = torch.cuda.mem_get_info(device)
     weights_bytes = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    _dummy_step(model, max_num_batched_tokens, max_num_seqs, max_model_len, block_size, device, dtype)
+    dummy_step(model, max_num_batched_tokens, max_num_seqs, max_model_len, block_size, device, dtype,
+               use_kernels(device, dtype))
     torch.cuda.synchronize(device)
     peak_bytes = torch.cuda.max_memory_allocated(device) - weights_bytes
     torch.cuda.empty_cache()

@@ -55,3 +55,16 @@ def test_padded_decode_batches_equal_transformers(tiny_llama_dir, expected):
     assert runner.graphs.sizes == [1, 2, 4]
     assert [runner.graphs.padded_size(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, None]
     assert [o.outputs[0].token_ids for o in llm.generate(ps[:3], GREEDY)] == want[:3]
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_memory_profiling_step_runs_both_paths(tiny_llama_dir, kernels):
+    from engine.gpu_memory import dummy_step
+
+    llm = LLM(tiny_llama_dir, skip_tokenizer_init=True, num_gpu_blocks_override=16, dtype="float32")
+    model = llm.llm_engine.model
+    before = llm.llm_engine.runner.kv_cache.clone()
+    # 70 tokens as prompts of at most 29: three prefills in one step, logits of 4 rows
+    toks = dummy_step(model, 70, 4, 30, 16, torch.device("cpu"), torch.float32, kernels)
+    assert toks.shape == (4,)
+    assert torch.equal(llm.llm_engine.runner.kv_cache, before)
