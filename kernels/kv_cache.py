@@ -21,8 +21,9 @@ def _write_kv_kernel(
     stride_kch, stride_kcb, stride_kcs, stride_vch, stride_vcb, stride_vcs,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):
-    token = tl.program_id(0)
-    head = tl.program_id(1)
+    # int64 ids: head * stride_kch passes 2**31 with a cache of a few tens of GB per layer
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE

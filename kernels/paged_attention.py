@@ -37,8 +37,9 @@ def _paged_decode_kernel(
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # int64 ids: kv_head * stride_kh passes 2**31 with a cache of a few tens of GB per layer
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
     ctx_len = tl.load(context_lens_ptr + seq)
 
     g = tl.arange(0, BLOCK_G)

@@ -40,7 +40,8 @@ def _prefill_kernel(
     tile = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
-    kv_head = head // QUERIES_PER_KV
+    # int64: kv_head * stride_kh passes 2**31 with a cache of a few tens of GB per layer
+    kv_head = (head // QUERIES_PER_KV).to(tl.int64)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     ctx_len = tl.load(context_lens_ptr + seq)
