@@ -60,6 +60,24 @@ class VarlenMeta:
 
 
 @dataclass
+class ContextPrefillBatch:
+    """Prefill chunks over a cached prefix, run as one padded SDPA call (torch path).
+
+    Attributes:
+        rows: ``[num_seqs, max_query_len]`` int64 packed-step row of each query (padding: 0).
+        valid: ``[num_seqs, max_query_len]`` bool, False on padding.
+        slots: ``[num_seqs, max_context_len]`` int64 cache slot of each context position (padding: 0).
+        mask: ``[num_seqs, 1, max_query_len, max_context_len]`` bool: query i of a chunk starting at
+            position p sees positions ``<= p + i``; padding queries see position 0 only.
+    """
+
+    rows: torch.Tensor
+    valid: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
 class AttentionMetadata:
     """Everything attention needs for one packed step.
 
@@ -77,6 +95,7 @@ class AttentionMetadata:
     decode_context_mask: torch.Tensor | None = None
     prefills: list[PrefillSeq] = field(default_factory=list)
     varlen: VarlenMeta | None = None  # CPU kernel tokens (then num_decode_tokens is 0)
+    context_prefills: ContextPrefillBatch | None = None  # long chunks over a prefix, batched
     # Triton path (see use_kernels): int32 tensors read by the kernels, no masks or slot lists.
     # decode_context_lens: [num_decodes]; prefill_block_tables: [num_prefills, max_num_blocks];
     # prefill_query_start_loc: [num_prefills + 1], starting at num_decode_tokens;
@@ -133,6 +152,14 @@ def paged_attention(
         v = meta.varlen
         out[:v.num_tokens] = paged_attention_varlen(query[:v.num_tokens], key_cache, value_cache,
                                                     v.block_tables, v.token_seq, v.token_ctx, scale, v.max_ctx)
+    if meta.context_prefills is not None:
+        c = meta.context_prefills
+        # q: [num_seqs, num_heads, max_query_len, head_dim]; k/v: [num_seqs, kvh, max_context_len, head_dim]
+        q = query[c.rows].permute(0, 2, 1, 3)
+        k = flat_k[:, c.slots].transpose(0, 1)
+        v = flat_v[:, c.slots].transpose(0, 1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=c.mask, scale=scale, enable_gqa=kvh != num_heads)
+        out[c.rows[c.valid]] = o.permute(0, 2, 1, 3)[c.valid]
     nd = meta.num_decode_tokens
     if nd:
         # whole blocks are gathered (one index per block, not per token), then cut to max_ctx.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSeq, VarlenMeta, use_kernels
+from engine.attention import AttentionMetadata, ContextPrefillBatch, PrefillSeq, VarlenMeta, use_kernels
 from engine.sampler import SampleRow, sample, top_logprobs
 from engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.step_inputs import build_kernel_step
@@ -76,8 +76,12 @@ class ModelRunner:
         if self.use_cpu_kernel:
             # short prefills over a cached prefix join the decodes in the CPU kernel; the others
             # (SDPA over a gathered context, or fresh) go last
+            # packed order: decodes, short chunks (CPU kernel), long chunks over a prefix (one
+            # batched SDPA), fresh prompts (causal SDPA each)
             short = [s for s in prefills if self._uses_cpu_kernel(s)]
-            prefills = short + [s for s in prefills if not self._uses_cpu_kernel(s)]
+            rest = [s for s in prefills if not self._uses_cpu_kernel(s)]
+            prefills = short + [s for s in rest if s.request.num_computed_tokens] + [
+                s for s in rest if not s.request.num_computed_tokens]
             ordered = decodes + prefills
         input_ids: list[int] = []
         positions: list[int] = []
@@ -131,7 +135,35 @@ class ModelRunner:
                 token_ctx=torch.tensor(token_ctx, dtype=torch.long, device=dev),
                 max_ctx=max(token_ctx),
             )
-        self._reference_meta(meta, [], prefills[len(seqs) - len(decodes):], offset=len(token_seq))
+        rest = prefills[len(seqs) - len(decodes):]
+        offset = len(token_seq)
+        with_prefix = [s for s in rest if s.request.num_computed_tokens]
+        if with_prefix:
+            meta.context_prefills = self._context_batch(with_prefix, offset)
+            offset += sum(s.num_new_tokens for s in with_prefix)
+        self._reference_meta(meta, [], [s for s in rest if not s.request.num_computed_tokens], offset=offset)
+
+    def _context_batch(self, chunks: list[ScheduledRequest], offset: int) -> ContextPrefillBatch:
+        """One padded batch of prefill chunks over a cached prefix, packed from row ``offset``."""
+        dev = self.device
+        max_q = max(s.num_new_tokens for s in chunks)
+        max_ctx = max(s.request.num_computed_tokens + s.num_new_tokens for s in chunks)
+        rows, valid, slots, starts, ctx = [], [], [], [], []
+        for s in chunks:
+            n, start = s.num_new_tokens, s.request.num_computed_tokens
+            rows.append(list(range(offset, offset + n)) + [0] * (max_q - n))
+            valid.append([True] * n + [False] * (max_q - n))
+            slots.append(self._slots(s.request.block_table, 0, start + n) + [0] * (max_ctx - start - n))
+            starts.append(start)
+            ctx.append(start + n)
+            offset += n
+        valid_t = torch.tensor(valid, device=dev)
+        # key j is visible to query i iff j <= start + i; padding queries see key 0 only
+        q_pos = torch.tensor(starts, device=dev)[:, None] + torch.arange(max_q, device=dev)[None, :]
+        q_pos = torch.where(valid_t, q_pos, 0)
+        mask = torch.arange(max_ctx, device=dev)[None, None, :] <= q_pos[:, :, None]
+        return ContextPrefillBatch(torch.tensor(rows, dtype=torch.long, device=dev), valid_t,
+                                   torch.tensor(slots, dtype=torch.long, device=dev), mask[:, None])
 
     def _reference_meta(self, meta: AttentionMetadata, decodes: list[ScheduledRequest],
                         prefills: list[ScheduledRequest], offset: int = 0) -> None:
