@@ -40,16 +40,19 @@ def temporary_postgres_database(admin_url: str, prefix: str = "weir_test_") -> I
         admin.dispose()
 
 
-def save_tiny_chat_model(path: str) -> str:
-    """Save a random-weight 2-layer Llama (hidden 64, 4 heads, 2 KV heads, max 512 positions,
-    vocab 49152) with the packaged SmolLM2's tokenizer and chat template as a Hugging Face folder.
+def save_tiny_chat_model(path: str, *, num_hidden_layers: int = 2) -> str:
+    """Save a random-weight Llama (hidden 64, 4 heads, 2 KV heads, max 512 positions, vocab 49152,
+    2 layers unless told) with the packaged SmolLM2's tokenizer and chat template as a Hugging
+    Face folder.
 
-    Weights come from ``torch.manual_seed(0)``, so every call saves the same model. It loads in
-    about a second on CPU and decodes a token in a few milliseconds: for tests and soak runs of
-    the worker, not for output quality.
+    Weights come from ``torch.manual_seed(0)``, so every call with the same arguments saves the
+    same model. It loads in about a second on CPU and decodes a token in a few milliseconds (the
+    time grows with ``num_hidden_layers``): for tests and soak runs of the worker, not for output
+    quality.
 
     Args:
         path: the folder to write (created if missing).
+        num_hidden_layers: decoder layers.
 
     Returns:
         ``path``.
@@ -70,7 +73,7 @@ def save_tiny_chat_model(path: str) -> str:
         vocab_size=49152,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,

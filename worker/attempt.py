@@ -4,8 +4,8 @@ What the task does with each :class:`Outcome` (see README "Guarantees"):
 
 - ``DONE``: the result, the final failure, or nothing-to-do is committed; the message is acked.
 - ``REQUEUE``: the engine is shutting down, or the database stayed unreachable for
-  ``WEIR_DB_RETRY_TIMEOUT_S``; the message goes back to the queue unacknowledged-equivalent
-  (``Reject(requeue=True)``) and nothing was stored.
+  ``WEIR_DB_RETRY_TIMEOUT_S``; nothing was stored and the message goes back to the queue
+  (``Reject(requeue=True)``).
 - ``RETRY``: the attempt timed out and the job has attempts left; Celery publishes it again
   after a backoff.
 
@@ -27,7 +27,7 @@ from celery.utils.time import get_exponential_backoff_interval
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from jobs import store
-from jobs.db import Job
+from jobs.db import Job, JobStatus
 from jobs.store import JobResult
 from worker.runtime import EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
 
@@ -156,8 +156,6 @@ def _claim(runtime: WorkerRuntime, job_id: uuid.UUID, worker: str) -> Optional[J
 
 
 def _is_cancelled(runtime: WorkerRuntime, job_id: uuid.UUID) -> bool:
-    from jobs.db import JobStatus
-
     try:
         with runtime.session_factory() as session:
             return store.job_status(session, job_id) == JobStatus.CANCELLED

@@ -11,6 +11,16 @@ import pytest
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.fixture(scope="session")
+def slow_model_dir(tmp_path_factory):
+    """The tiny chat model with 16 layers instead of 2: ~6 ms a token on the 2-core VM, so a
+    480-token job runs ~3 s while a 1-token job takes ~10 ms (for timeouts, grace periods and
+    cancels that must catch a job in flight, whatever the engine's speed-ups)."""
+    from jobs.testing import save_tiny_chat_model
+
+    return save_tiny_chat_model(str(tmp_path_factory.mktemp("slow-chat-llama")), num_hidden_layers=16)
+
+
 @pytest.fixture
 def queue(redis_url):
     """A queue name no other run uses; its Redis keys are deleted afterwards."""

@@ -1,7 +1,9 @@
 """Fault injection against real ``weir worker`` processes, real Redis and real Postgres.
 
 Every test ends by counting rows: each job has exactly one row, in the state the guarantees in
-README "Guarantees" promise, with the exact number of attempts its deliveries took.
+README "Guarantees" promise, with the exact number of attempts its deliveries took. Tests that
+must catch jobs in flight run the 16-layer ``slow_model_dir``, so the engine's own speed-ups do
+not let a batch finish before the fault lands.
 """
 
 import os
@@ -55,6 +57,19 @@ def rows(client, batch_id):
     return table
 
 
+def num_just_claimed(client, batch_id, worker=None, within_s=0.2):
+    """Running jobs claimed in the last ``within_s`` seconds (database clock): a kill now cuts
+    them short, since each needs several times that to finish."""
+    query = ("SELECT count(*) FROM jobs WHERE batch_id = :batch AND status = 'running' "
+             "AND claimed_at > now() - make_interval(secs => :within)")
+    params = {"batch": batch_id, "within": within_s}
+    if worker is not None:
+        query += " AND worker = :worker"
+        params["worker"] = worker
+    with client.session_factory() as session:
+        return session.execute(text(query), params).scalar_one()
+
+
 def with_status(table, status):
     return {custom_id for custom_id, row in table.items() if row[0] == status}
 
@@ -76,18 +91,19 @@ def assert_each_succeeded_once(client, batch_id, num_jobs, prefix="job"):
     return table
 
 
-def test_sigkill_mid_batch_then_restart_leaves_one_row_per_job(start_worker, client):
-    num_jobs = 60
-    worker = start_worker(**FAST_REDELIVERY)
-    batch_id = generate_batch(client, num_jobs, max_tokens=24)
-    wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 8
-               and with_status(rows(client, batch_id), JobStatus.RUNNING), what="8 done, some running")
+def test_sigkill_mid_batch_then_restart_leaves_one_row_per_job(start_worker, client, slow_model_dir):
+    num_jobs = 50
+    settings = dict(FAST_REDELIVERY, WEIR_MODEL=slow_model_dir)
+    worker = start_worker(**settings)
+    batch_id = generate_batch(client, num_jobs, max_tokens=96)  # ~0.6 s each on the slow model
+    wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 8 and num_just_claimed(client, batch_id),
+               what="8 done, a job just started")
     worker.sigkill()
     at_kill = rows(client, batch_id)
     interrupted = with_status(at_kill, JobStatus.RUNNING)
     assert interrupted and 8 <= len(with_status(at_kill, JobStatus.SUCCEEDED)) < num_jobs
 
-    start_worker(**FAST_REDELIVERY)
+    start_worker(**settings)
     client.wait(batch_id, timeout_s=120)
 
     table = assert_each_succeeded_once(client, batch_id, num_jobs)
@@ -95,14 +111,14 @@ def test_sigkill_mid_batch_then_restart_leaves_one_row_per_job(start_worker, cli
     assert {c: row[1] for c, row in table.items()} == {c: 2 if c in interrupted else 1 for c in table}
 
 
-def test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them(start_worker, client):
-    num_jobs = 10
-    settings = dict(WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_SHUTDOWN_TIMEOUT_S="0.5")
+def test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them(start_worker, client, slow_model_dir):
+    num_jobs = 8
+    settings = dict(WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_SHUTDOWN_TIMEOUT_S="0.2")
     worker = start_worker(**settings)
-    batch_id = generate_batch(client, num_jobs, max_tokens=480)  # ~1.3 s each alone
+    batch_id = generate_batch(client, num_jobs, max_tokens=240)  # ~1.5 s each on the slow model
     done = wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 2 and
                       client.batch_status(batch_id).num_succeeded, what="2 jobs done")
-    # Right after a job finishes its thread starts the next one, which needs > 1 s more.
+    # Right after a job finishes its thread starts the next one, which needs ~7x the grace period.
     wait_until(lambda: client.batch_status(batch_id).num_succeeded > done, interval_s=0.01, what="next job")
     started = time.monotonic()
     assert worker.terminate(timeout_s=60) == 0
@@ -110,12 +126,12 @@ def test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them(
 
     stopped = rows(client, batch_id)
     put_back = with_status(stopped, JobStatus.RUNNING)
-    assert shutdown_s < 10, f"warm shutdown took {shutdown_s:.1f}s with a 0.5 s grace period"
+    assert shutdown_s < 10, f"warm shutdown took {shutdown_s:.1f}s with a 0.2 s grace period"
     assert put_back, "a job past the grace period must have been put back"
     assert with_status(stopped, JobStatus.FAILED) == set()
     assert f"shutdown grace period over: {len(put_back)} running jobs go back to the queue" in worker.log()
 
-    start_worker()
+    start_worker(WEIR_MODEL=slow_model_dir)
     client.wait(batch_id, timeout_s=180)
 
     table = assert_each_succeeded_once(client, batch_id, num_jobs)
@@ -154,7 +170,7 @@ def _pings(redis, port):
 
 
 def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_messages(
-    private_redis, start_worker, worker_env
+    private_redis, start_worker, worker_env, slow_model_dir
 ):
     from jobs.client import Client
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
@@ -162,7 +178,8 @@ def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_
     port, procs, start_redis = private_redis
     broker_url = f"redis://127.0.0.1:{port}/0"
     num_jobs = 50
-    worker = start_worker(WEIR_BROKER_URL=broker_url, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    worker = start_worker(WEIR_BROKER_URL=broker_url, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2",
+                          WEIR_MAX_NUM_SEQS="2")
     client = Client(Settings(
         engine=EngineSettings(model=worker_env["WEIR_MODEL"]),
         worker=WorkerSettings(broker_url=broker_url, queue=worker_env["WEIR_QUEUE"]),
@@ -191,7 +208,7 @@ def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_
         client.close()
 
 
-def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, client, worker_env):
+def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, client, worker_env, slow_model_dir):
     proxy_port = free_port()
     url = make_url(worker_env["WEIR_DATABASE_URL"])
     proxy_command = [sys.executable, os.path.join(HERE, "tcp_proxy.py"), str(proxy_port), url.host, str(url.port or 5432)]
@@ -207,8 +224,9 @@ def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, 
         worker = start_worker(
             WEIR_DATABASE_URL=url.set(port=proxy_port).render_as_string(hide_password=False),
             WEIR_DB_RETRY_TIMEOUT_S="60",
+            WEIR_MODEL=slow_model_dir,
         )
-        batch_id = generate_batch(client, num_jobs, max_tokens=24)
+        batch_id = generate_batch(client, num_jobs, max_tokens=48)
         wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 8, what="8 jobs done")
         proxy.kill()  # every connection of the worker drops; new ones are refused
         proxy.wait()
@@ -264,18 +282,17 @@ def test_redelivery_past_a_short_visibility_timeout_makes_one_row_with_two_attem
     assert enrichment.description == table["0"][3]
 
 
-def test_two_workers_share_a_queue_and_killing_one_loses_nothing(start_worker, client):
-    num_jobs = 60
-    settings = dict(FAST_REDELIVERY, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+def test_two_workers_share_a_queue_and_killing_one_loses_nothing(start_worker, client, slow_model_dir):
+    num_jobs = 40
+    settings = dict(FAST_REDELIVERY, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
     first, second = start_worker(**settings), start_worker(**settings)
-    batch_id = generate_batch(client, num_jobs, max_tokens=24)
+    batch_id = generate_batch(client, num_jobs, max_tokens=96)  # ~0.6 s each on the slow model
 
     def first_is_busy():
-        table = rows(client, batch_id)
-        running = {c for c, row in table.items() if row[0] == JobStatus.RUNNING and row[2] == first.hostname}
-        return len(with_status(table, JobStatus.SUCCEEDED)) >= 10 and running
+        return (client.batch_status(batch_id).num_succeeded >= 10
+                and num_just_claimed(client, batch_id, worker=first.hostname))
 
-    wait_until(first_is_busy, what="10 done, the first worker running a job")
+    wait_until(first_is_busy, what="10 done, the first worker just started a job")
     first.sigkill()
     at_kill = rows(client, batch_id)
     interrupted = {c for c, row in at_kill.items() if row[0] == JobStatus.RUNNING and row[2] == first.hostname}
@@ -292,11 +309,13 @@ def test_two_workers_share_a_queue_and_killing_one_loses_nothing(start_worker, c
     assert {row[1] for c, row in table.items() if c not in interrupted} == {1}
 
 
-def test_poison_job_fails_after_max_attempts_and_the_others_succeed(start_worker, client):
-    start_worker(WEIR_JOB_TIMEOUT_S="0.6", WEIR_MAX_ATTEMPTS="2", WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
-    requests = [GenerateRequest(prompt=f"Item {i}", custom_id=f"good-{i}", temperature=0, max_tokens=2)
+def test_poison_job_fails_after_max_attempts_and_the_others_succeed(start_worker, client, slow_model_dir):
+    start_worker(WEIR_MODEL=slow_model_dir, WEIR_JOB_TIMEOUT_S="0.5", WEIR_MAX_ATTEMPTS="2",
+                 WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    requests = [GenerateRequest(prompt=f"Item {i}", custom_id=f"good-{i}", temperature=0, max_tokens=1)
                 for i in range(12)]
-    # 480 tokens take ~1.3 s on this model: past the 0.6 s job timeout on every attempt.
+    # On the slow model 480 tokens take ~3 s, a 1-token job ~10 ms: the poison runs past the
+    # 0.5 s job timeout on every attempt, the others well within it.
     requests.insert(3, GenerateRequest(prompt="Poison", custom_id="poison", temperature=0, max_tokens=480))
     batch_id = client.enqueue_batch(requests)
 
@@ -307,7 +326,7 @@ def test_poison_job_fails_after_max_attempts_and_the_others_succeed(start_worker
     assert {c: row[:2] for c, row in table.items()} == {
         **{f"good-{i}": (JobStatus.SUCCEEDED, 1) for i in range(12)}, "poison": (JobStatus.FAILED, 2)}
     [poison] = [r for r in client.results(batch_id) if r["custom_id"] == "poison"]
-    assert poison["error"] == "JobTimedOut: no result after 0.6s (WEIR_JOB_TIMEOUT_S); aborted on each of 2 attempts"
+    assert poison["error"] == "JobTimedOut: no result after 0.5s (WEIR_JOB_TIMEOUT_S); aborted on each of 2 attempts"
     assert poison["output_text"] is None
 
 
@@ -365,8 +384,9 @@ def _decode_error_reason(log: str) -> str:
     return line.split(marker, 1)[1].strip()
 
 
-def test_cancel_aborts_a_running_job_and_skips_queued_ones(start_worker, client):
-    worker = start_worker(WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1", WEIR_CANCEL_POLL_INTERVAL_S="0.1")
+def test_cancel_aborts_a_running_job_and_skips_queued_ones(start_worker, client, slow_model_dir):
+    worker = start_worker(WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1",
+                          WEIR_CANCEL_POLL_INTERVAL_S="0.1")
     batch_id = client.enqueue_batch([
         GenerateRequest(prompt="Long", custom_id="long", temperature=0, max_tokens=480),
         GenerateRequest(prompt="Next", custom_id="next", temperature=0, max_tokens=4),
