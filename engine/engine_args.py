@@ -31,6 +31,8 @@ class EngineArgs:
         seed: seed of the default sampling generator.
         skip_tokenizer_init: load no tokenizer (prompts must be token ids).
         enforce_eager: on CUDA, run decode steps eagerly instead of replaying CUDA graphs.
+        max_logprobs: most log-probabilities a request may ask for per position (``logprobs``,
+            ``prompt_logprobs``); vLLM's default, 20.
     """
 
     model: Any = None
@@ -49,6 +51,7 @@ class EngineArgs:
     seed: int = 0
     skip_tokenizer_init: bool = False
     enforce_eager: bool = False
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
         checks = {
@@ -62,6 +65,7 @@ class EngineArgs:
             "load_format": self.load_format in ("auto", "dummy"),
             "dtype": self.dtype in ("auto", "float32", "bfloat16", "float16"),
             "device": self.device in ("auto", "cpu", "cuda"),
+            "max_logprobs": self.max_logprobs >= 0,
         }
         for name, ok in checks.items():
             if not ok:

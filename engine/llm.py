@@ -161,10 +161,12 @@ class LLM:
             probability, in input order.
 
         Raises:
-            ValueError: empty or duplicate labels, empty or too long prompt.
+            ValueError: empty, blank or duplicate labels, empty or too long prompt.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
             prompts = [prompts]
+        if any(not isinstance(lab, str) or not lab.strip() for lab in labels):
+            raise ValueError("labels must be non-blank strings")
         label_ids = self.encode_labels(labels, label_texts)
         encoded = [self.encode_prompt(p) for p in prompts]
         prior = None

@@ -104,7 +104,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.block_pool, args.block_size, self.runner.copy_block,
                                  extra_key=self.model_name)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len)
-        self.default_generator = torch.Generator().manual_seed(args.seed)
+        self.default_generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self._ids = itertools.count()
         self._classifications: dict[str, Classification] = {}
         self._groups: dict[str, _SampleGroup] = {}
@@ -158,9 +158,13 @@ class LLMEngine:
 
         Raises:
             ValueError: empty prompt, prompt too long, token ids outside the vocabulary, stop
-                strings or logprobs asked without a tokenizer, timeout_s not > 0.
+                strings without a tokenizer, more logprobs than ``max_logprobs``, timeout_s not > 0.
         """
         self.check_prompt(prompt_token_ids)
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.args.max_logprobs:
+                raise ValueError(f"{name}={asked} is more than max_logprobs={self.args.max_logprobs}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init is set)")
         if timeout_s is not None and not timeout_s > 0:
@@ -185,7 +189,7 @@ class LLMEngine:
         req.sample_index = index
         seed = params.sample_seed(index)
         if seed is not None:
-            req.generator = torch.Generator().manual_seed(seed)
+            req.generator = torch.Generator(device=self.device).manual_seed(seed)
         elif not params.is_greedy:
             req.generator = self.default_generator
         if params.stop and self.tokenizer is not None:

@@ -100,6 +100,9 @@ class SamplingParams:
         need(self.logprobs is None or (integer("logprobs") and self.logprobs >= 0), "logprobs", "None or >= 0")
         need(self.prompt_logprobs is None or (integer("prompt_logprobs") and self.prompt_logprobs >= 0),
              "prompt_logprobs", "None or >= 0")
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
+                     "spaces_between_special_tokens"):
+            need(isinstance(getattr(self, name), bool), name, "True or False")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])

@@ -99,6 +99,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         description=args.description_col,
         id=args.id_col,
     )
+    if args.limit is not None and args.limit < 1:
+        print(f"weir enrich: --limit must be >= 1, got {args.limit}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         catalog = read_catalog(args.catalog, columns, limit=args.limit)
     except (OSError, ValueError) as exc:

@@ -223,3 +223,17 @@ def test_stats_report_per_request_timings(tiny_llama_dir):
     stats = llm.stats()
     assert stats["e2e_latency_s"]["count"] == 2 and stats["time_to_first_token_s"]["count"] == 2
     assert stats["num_generation_tokens"] == 6 and stats["num_prompt_tokens"] == 13
+
+
+def test_flags_must_be_booleans_and_logprobs_are_capped(tiny_llama_dir):
+    with pytest.raises(ValueError) as err:
+        SamplingParams(ignore_eos="no")
+    assert str(err.value) == "ignore_eos must be True or False, got 'no'"
+    eng = make_llm(tiny_llama_dir).llm_engine
+    with pytest.raises(ValueError) as err:
+        eng.add_request([1, 2], SamplingParams(logprobs=21))
+    assert str(err.value) == "logprobs=21 is more than max_logprobs=20"
+    with pytest.raises(ValueError) as err:
+        eng.add_request([1, 2], SamplingParams(prompt_logprobs=10**9))
+    assert str(err.value) == "prompt_logprobs=1000000000 is more than max_logprobs=20"
+    assert not eng.has_unfinished()

@@ -53,6 +53,14 @@ def test_enrich_missing_column(tmp_path):
     assert "no column 'brand', 'category', 'description'; header is ['index', 'product']" in done.stderr
 
 
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_enrich_refuses_a_limit_below_one(tmp_path, limit):
+    done = weir("enrich", "missing.csv", "--limit", limit,
+                env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"weir enrich: --limit must be >= 1, got {limit}"
+
+
 @pytest.mark.integration
 def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     catalog = tmp_path / "catalog.csv"
