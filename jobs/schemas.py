@@ -163,11 +163,12 @@ class GenerateRequest(_JobRequest):
     """
 
     kind: Literal["generate"] = "generate"
-    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
-    top_k: int = Field(0, ge=-1)
-    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
-    max_tokens: int = Field(16, ge=1)
+    # strict: a bool or a numeric string is refused, not coerced (the engine refuses them too)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, strict=True)
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, strict=True)
+    top_k: int = Field(0, ge=-1, strict=True)
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, strict=True)
+    max_tokens: int = Field(16, ge=1, strict=True)
 
     def sampling_fields(self) -> dict[str, Any]:
         """Keyword arguments for ``engine.SamplingParams``."""

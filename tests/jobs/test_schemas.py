@@ -101,6 +101,9 @@ def test_round_trip_through_stored_json():
     ({"temperature": float("inf")}, ("temperature",)),
     ({"temperature": float("nan")}, ("temperature",)),
     ({"seed": 2**70}, ("seed",)),
+    ({"max_tokens": True}, ("max_tokens",)),
+    ({"temperature": "0.5"}, ("temperature",)),
+    ({"top_k": 2.0}, ("top_k",)),
     ({"metadata": {"product_id": "p" * 65}}, ("metadata",)),
     ({"metadata": {"product_id": {"nested": 1}}}, ("metadata",)),
 ])
