@@ -5,9 +5,10 @@ that a request's gathered context is ``[num_kv_heads, context_len, head_dim]`` w
 contiguous: attention reads it without a transpose copy). A token's *slot* is
 ``block_id * block_size + offset``; a request's context is read through its block table.
 
-The tokens of one step are packed: all decode tokens first (one query token per request), then
-the prefill chunks one request after another (any number of new tokens, attending causally to
-themselves and to the request's already-computed prefix).
+The tokens of one step are packed: decode tokens first (one query token per request), then
+prefill chunks over an already-computed prefix (short ones beside the decodes in the CPU kernel,
+``varlen``; longer ones as one padded batch, ``context_prefills``), then fresh prompt chunks
+(causal over themselves only, ``prefills``).
 """
 
 from __future__ import annotations
@@ -20,24 +21,16 @@ import torch.nn.functional as F
 
 @dataclass
 class PrefillSeq:
-    """One prefill chunk inside a packed step.
+    """A fresh prompt chunk (nothing cached before it) inside a packed step: causal attention over
+    its own keys/values, straight from the step.
 
     Attributes:
         query_start: index of the chunk's first token in the packed step.
         query_len: number of new tokens in the chunk.
-        context_len: tokens the request has after this step (cached prefix + chunk).
-        context_slots: ``[context_len]`` int64 slots of the whole context, or None when the
-            chunk is the whole context (no cached prefix: keys/values come straight from the step).
-        mask: ``[query_len, context_len]`` bool causal mask when ``context_slots`` is set: query i
-            sits at position ``context_len - query_len + i`` and sees keys up to that position.
-            Built once per step, shared by every layer.
     """
 
     query_start: int
     query_len: int
-    context_len: int
-    context_slots: torch.Tensor | None
-    mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -86,7 +79,7 @@ class AttentionMetadata:
         num_decode_tokens: the first ``num_decode_tokens`` tokens are decodes, one per request.
         decode_block_tables: ``[num_decodes, max_num_blocks]`` int64 block ids (padding: 0).
         decode_context_mask: ``[num_decodes, 1, 1, max_context_len]`` bool, True where valid.
-        prefills: the prefill chunks, in packed order after the decodes.
+        prefills: fresh prompt chunks (no cached prefix), packed last.
     """
 
     slot_mapping: torch.Tensor
@@ -175,21 +168,11 @@ def paged_attention(
         out[:nd] = o.reshape(nd, num_heads, head_dim)
     for p in meta.prefills:
         s, n = p.query_start, p.query_len
-        # q: [1, num_heads, n, head_dim]
+        # q: [1, num_heads, n, head_dim]; k/v: [1, num_kv_heads, n, head_dim]
         q = query[s:s + n].transpose(0, 1).unsqueeze(0)
-        if p.context_slots is None:
-            k = key[s:s + n].transpose(0, 1).unsqueeze(0)
-            v = value[s:s + n].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale, enable_gqa=kvh != num_heads
-            )
-        else:
-            # k/v: [1, num_kv_heads, context_len, head_dim]
-            k = flat_k[:, p.context_slots].unsqueeze(0)
-            v = flat_v[:, p.context_slots].unsqueeze(0)
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=p.mask, scale=scale, enable_gqa=kvh != num_heads
-            )
+        k = key[s:s + n].transpose(0, 1).unsqueeze(0)
+        v = value[s:s + n].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=kvh != num_heads)
         out[s:s + n] = o.squeeze(0).transpose(0, 1)
     return out
 

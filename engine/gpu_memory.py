@@ -61,7 +61,7 @@ def dummy_step(model, num_tokens: int, num_sampled: int, max_model_len: int, blo
         meta = AttentionMetadata(slot_mapping=torch.zeros(num_tokens, dtype=torch.long, device=device))
         offset = 0
         for n in lens:
-            meta.prefills.append(PrefillSeq(offset, n, n, None))
+            meta.prefills.append(PrefillSeq(offset, n))
             offset += n
     hidden = model(input_ids, positions, kv_caches, meta)
     rows = torch.arange(min(num_sampled, num_tokens), device=device)

@@ -73,16 +73,13 @@ class ModelRunner:
         ordered: list[ScheduledRequest] = decodes + prefills
         if self.use_kernels:
             return self._outputs(ordered, self._forward_kernels(decodes, prefills))
-        if self.use_cpu_kernel:
-            # short prefills over a cached prefix join the decodes in the CPU kernel; the others
-            # (SDPA over a gathered context, or fresh) go last
-            # packed order: decodes, short chunks (CPU kernel), long chunks over a prefix (one
-            # batched SDPA), fresh prompts (causal SDPA each)
-            short = [s for s in prefills if self._uses_cpu_kernel(s)]
-            rest = [s for s in prefills if not self._uses_cpu_kernel(s)]
-            prefills = short + [s for s in rest if s.request.num_computed_tokens] + [
-                s for s in rest if not s.request.num_computed_tokens]
-            ordered = decodes + prefills
+        # packed order: decodes, short chunks over a prefix (CPU kernel, when built), longer chunks
+        # over a prefix (one batched SDPA), fresh prompts (causal SDPA each)
+        short = [s for s in prefills if self._uses_cpu_kernel(s)]
+        rest = [s for s in prefills if not self._uses_cpu_kernel(s)]
+        with_prefix = [s for s in rest if s.request.num_computed_tokens]
+        fresh = [s for s in rest if not s.request.num_computed_tokens]
+        ordered = decodes + short + with_prefix + fresh
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -94,10 +91,18 @@ class ModelRunner:
             slots.extend(self._slots(r.block_table, start, end))
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev))
+        offset = 0
         if self.use_cpu_kernel:
-            self._varlen_meta(meta, decodes, prefills)
-        else:
-            self._reference_meta(meta, decodes, prefills)
+            offset = self._varlen_meta(meta, decodes + short)
+        elif decodes:
+            self._decode_meta(meta, decodes)
+            offset = len(decodes)
+        if with_prefix:
+            meta.context_prefills = self._context_batch(with_prefix, offset)
+            offset += sum(s.num_new_tokens for s in with_prefix)
+        for s in fresh:
+            meta.prefills.append(PrefillSeq(offset, s.num_new_tokens))
+            offset += s.num_new_tokens
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.long, device=dev),
             torch.tensor(positions, dtype=torch.long, device=dev),
@@ -110,15 +115,20 @@ class ModelRunner:
     MAX_CPU_KERNEL_CHUNK = 16
 
     def _uses_cpu_kernel(self, s: ScheduledRequest) -> bool:
-        return s.num_new_tokens == 1 or (
-            s.request.num_computed_tokens > 0 and s.num_new_tokens <= self.MAX_CPU_KERNEL_CHUNK)
+        """A prefill chunk short enough for the CPU kernel (decodes are always its)."""
+        return self.use_cpu_kernel and s.request.num_computed_tokens > 0 and (
+            s.num_new_tokens <= self.MAX_CPU_KERNEL_CHUNK)
 
-    def _varlen_meta(self, meta: AttentionMetadata, decodes: list[ScheduledRequest],
-                     prefills: list[ScheduledRequest]) -> None:
-        """CPU kernel inputs: decodes and short prefills over a cached prefix, by sequence row
-        and visible length; the other prefills get :meth:`_reference_meta` entries."""
-        dev = self.device
-        seqs = decodes + [s for s in prefills if self._uses_cpu_kernel(s)]
+    @staticmethod
+    def _padded_block_tables(seqs: list[ScheduledRequest], device) -> torch.Tensor:
+        """``[len(seqs), max_num_blocks]`` int64 block tables, padded with block 0."""
+        nb = max(len(s.request.block_table) for s in seqs)
+        return torch.tensor([s.request.block_table + [0] * (nb - len(s.request.block_table)) for s in seqs],
+                            dtype=torch.long, device=device)
+
+    def _varlen_meta(self, meta: AttentionMetadata, seqs: list[ScheduledRequest]) -> int:
+        """CPU kernel inputs for ``seqs`` (the step's first tokens): each token's sequence row and
+        visible length. Returns the number of tokens it covers."""
         token_seq: list[int] = []
         token_ctx: list[int] = []
         for i, s in enumerate(seqs):
@@ -126,22 +136,15 @@ class ModelRunner:
             token_seq.extend([i] * s.num_new_tokens)
             token_ctx.extend(range(start + 1, start + s.num_new_tokens + 1))
         if seqs:
-            nb = max(len(s.request.block_table) for s in seqs)
+            dev = self.device
             meta.varlen = VarlenMeta(
                 num_tokens=len(token_seq),
-                block_tables=torch.tensor([s.request.block_table + [0] * (nb - len(s.request.block_table))
-                                           for s in seqs], dtype=torch.long, device=dev),
+                block_tables=self._padded_block_tables(seqs, dev),
                 token_seq=torch.tensor(token_seq, dtype=torch.long, device=dev),
                 token_ctx=torch.tensor(token_ctx, dtype=torch.long, device=dev),
                 max_ctx=max(token_ctx),
             )
-        rest = prefills[len(seqs) - len(decodes):]
-        offset = len(token_seq)
-        with_prefix = [s for s in rest if s.request.num_computed_tokens]
-        if with_prefix:
-            meta.context_prefills = self._context_batch(with_prefix, offset)
-            offset += sum(s.num_new_tokens for s in with_prefix)
-        self._reference_meta(meta, [], [s for s in rest if not s.request.num_computed_tokens], offset=offset)
+        return len(token_seq)
 
     def _context_batch(self, chunks: list[ScheduledRequest], offset: int) -> ContextPrefillBatch:
         """One padded batch of prefill chunks over a cached prefix, packed from row ``offset``."""
@@ -165,32 +168,14 @@ class ModelRunner:
         return ContextPrefillBatch(torch.tensor(rows, dtype=torch.long, device=dev), valid_t,
                                    torch.tensor(slots, dtype=torch.long, device=dev), mask[:, None])
 
-    def _reference_meta(self, meta: AttentionMetadata, decodes: list[ScheduledRequest],
-                        prefills: list[ScheduledRequest], offset: int = 0) -> None:
-        """Inputs of the torch reference attention: decode block tables and masks, one
-        :class:`PrefillSeq` (with its causal mask over the cached prefix) per prefill."""
+    def _decode_meta(self, meta: AttentionMetadata, decodes: list[ScheduledRequest]) -> None:
+        """Inputs of the torch reference decode attention: block tables and context masks."""
         dev = self.device
-        if decodes:
-            meta.num_decode_tokens = len(decodes)
-            ctx = [s.request.num_computed_tokens + 1 for s in decodes]
-            nb = max(len(s.request.block_table) for s in decodes)
-            bt = torch.tensor([s.request.block_table + [0] * (nb - len(s.request.block_table))
-                               for s in decodes], dtype=torch.long, device=dev)
-            max_ctx = max(ctx)
-            valid = torch.arange(max_ctx, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None]
-            meta.decode_block_tables = bt
-            meta.decode_context_mask = valid[:, None, None, :]
-        offset += len(decodes)
-        for s in prefills:
-            r = s.request
-            start, n = r.num_computed_tokens, s.num_new_tokens
-            ctx_slots = mask = None
-            if start:
-                ctx_slots = torch.tensor(self._slots(r.block_table, 0, start + n), dtype=torch.long, device=dev)
-                q_pos = torch.arange(start, start + n, device=dev)
-                mask = torch.arange(start + n, device=dev)[None, :] <= q_pos[:, None]
-            meta.prefills.append(PrefillSeq(offset, n, start + n, ctx_slots, mask))
-            offset += n
+        meta.num_decode_tokens = len(decodes)
+        ctx = [s.request.num_computed_tokens + 1 for s in decodes]
+        valid = torch.arange(max(ctx), device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None]
+        meta.decode_block_tables = self._padded_block_tables(decodes, dev)
+        meta.decode_context_mask = valid[:, None, None, :]
 
     def _forward_kernels(self, decodes: list[ScheduledRequest],
                          prefills: list[ScheduledRequest]) -> torch.Tensor:
