@@ -9,11 +9,10 @@ is the sum of its tokens' log-probabilities as a continuation of the prompt (nat
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from engine.outputs import ClassificationOutput
+from engine.outputs import ClassificationOutput, softmax
 
 
 @dataclass
@@ -95,12 +94,10 @@ class Classification:
     def output(self) -> ClassificationOutput:
         raw = [self.scores[i] for i in range(len(self.labels))]
         scores = [s / n for s, n in zip(raw, self.label_lengths)] if self.length_normalize else raw
-        m = max(scores)
-        z = sum(math.exp(s - m) for s in scores)
-        probs = {lab: math.exp(s - m) / z for lab, s in zip(self.labels, scores)}
+        by_label = dict(zip(self.labels, scores))
         best = max(range(len(scores)), key=lambda i: scores[i])
         return ClassificationOutput(
-            label=self.labels[best], probs=probs, logprobs=dict(zip(self.labels, scores)),
+            label=self.labels[best], probs=softmax(by_label), logprobs=by_label,
             num_prompt_tokens=self.prompt_len, num_cached_tokens=self.num_cached_tokens,
             num_label_tokens=self.num_label_tokens, request_id=self.request_id,
         )

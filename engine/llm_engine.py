@@ -328,7 +328,7 @@ class LLMEngine:
         if sched.scheduled:
             result = self.runner.execute(sched)
             finished = self.scheduler.update(sched, result)
-            finished += self._check_stop_strings(sched, finished)
+            finished += self._check_stop_strings(sched)
             for req in finished:
                 if not req.is_scoring:
                     self._sequence_done(req)
@@ -337,7 +337,7 @@ class LLMEngine:
         out, self._finished = self._finished, []
         return out
 
-    def _check_stop_strings(self, sched, finished: list[Request]) -> list[Request]:
+    def _check_stop_strings(self, sched) -> list[Request]:
         """Feed new tokens to the detokenizers; a stop string ends its request at once."""
         stopped = []
         for s in sched.scheduled:

@@ -119,9 +119,13 @@ def calibrate(output: ClassificationOutput, prior: ClassificationOutput) -> Clas
     if list(output.logprobs) != list(prior.logprobs):
         raise ValueError("calibration prior scores a different label set")
     scores = {lab: output.logprobs[lab] - prior.logprobs[lab] for lab in output.logprobs}
+    return ClassificationOutput(max(scores, key=scores.get), softmax(scores), scores,
+                                output.num_prompt_tokens, output.num_cached_tokens,
+                                output.num_label_tokens, output.request_id)
+
+
+def softmax(scores: dict[str, float]) -> dict[str, float]:
+    """Probabilities from log-space scores (nats), same keys and order, summing to 1."""
     m = max(scores.values())
     z = sum(math.exp(v - m) for v in scores.values())
-    probs = {lab: math.exp(v - m) / z for lab, v in scores.items()}
-    best = max(scores, key=scores.get)
-    return ClassificationOutput(best, probs, scores, output.num_prompt_tokens, output.num_cached_tokens,
-                                output.num_label_tokens, output.request_id)
+    return {lab: math.exp(v - m) / z for lab, v in scores.items()}
