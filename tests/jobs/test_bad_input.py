@@ -4,44 +4,18 @@ published), or stored by a documented rule; never silently changed or dropped.""
 import datetime
 import math
 import threading
-import uuid
 
 import numpy as np
 import pytest
-from celery import Celery
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from jobs import store
-from jobs.client import Client
 from jobs.db import Batch, Job, JobStatus, ProductEnrichment, make_engine, make_session_factory
 from jobs.schemas import MAX_TEXT_CHARS, ClassifyRequest, GenerateRequest
 from jobs.store import NUL_REPLACEMENT, JobResult
-from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
 JSON_VALUES = "not a JSON value (str, int, float, bool, None, list, dict)"
-
-
-@pytest.fixture
-def queue():
-    return f"weir.test-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def celery_app():
-    return Celery("weir-test-producer", broker="memory://localhost//", set_as_current=False)
-
-
-@pytest.fixture
-def client(postgres_url, tiny_model_dir, queue, celery_app):
-    settings = Settings(
-        engine=EngineSettings(model=tiny_model_dir),
-        worker=WorkerSettings(queue=queue),
-        database=DatabaseSettings(database_url=postgres_url),
-    )
-    client = Client(settings, celery_app=celery_app)
-    yield client
-    client.close()
 
 
 def num_published(celery_app, queue):
@@ -120,18 +94,7 @@ def test_a_5_mb_prompt_is_refused_at_enqueue_with_a_size_error(client, celery_ap
 # ---- result storage rules, on Postgres and SQLite --------------------------------------------------
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def session_factory(request, tmp_path):
-    import migrations
 
-    if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'weir.db'}"
-        migrations.upgrade(url)
-    engine = make_engine(url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def claimed_jobs(session_factory, requests):

@@ -5,7 +5,6 @@ import threading
 import uuid
 
 import pytest
-from celery import Celery
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
@@ -16,28 +15,6 @@ from jobs.model_info import PromptTooLongError
 from jobs.schemas import ClassifyRequest, GenerateRequest
 from jobs.store import JobResult
 from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
-
-
-@pytest.fixture
-def queue():
-    return f"weir.test-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def celery_app():
-    return Celery("weir-test-producer", broker="memory://localhost//", set_as_current=False)
-
-
-@pytest.fixture
-def client(postgres_url, tiny_model_dir, queue, celery_app):
-    settings = Settings(
-        engine=EngineSettings(model=tiny_model_dir),
-        worker=WorkerSettings(queue=queue, broker_url=None),
-        database=DatabaseSettings(database_url=postgres_url),
-    )
-    client = Client(settings, celery_app=celery_app)
-    yield client
-    client.close()
 
 
 def published(celery_app, queue):

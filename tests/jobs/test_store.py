@@ -7,23 +7,13 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-import migrations
 from jobs import store
-from jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment, make_engine, make_session_factory
+from jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
 from jobs.schemas import ClassifyRequest, GenerateRequest
 from jobs.store import JobResult
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def session_factory(request, tmp_path):
-    if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_url")
-    else:
-        url = f"sqlite:///{tmp_path / 'weir.db'}"
-        migrations.upgrade(url)
-    engine = make_engine(url)
-    yield make_session_factory(engine)
-    engine.dispose()
+
 
 
 def make_batch(session_factory, num_jobs=3):
