@@ -53,11 +53,14 @@ def utcnow() -> datetime:
 
 
 class BatchStatus(str, enum.Enum):
-    """A batch's lifecycle: ``queued -> in_progress -> completed | failed | cancelled``.
+    """A batch's lifecycle: ``validating -> queued -> in_progress -> completed | failed | cancelled``
+    (OpenAI's batch lifecycle).
 
-    ``completed``: every job finished and at least one succeeded. ``failed``: every job failed.
+    ``validating``: the client is still storing its jobs; nothing is published and no worker runs
+    them. ``completed``: every job finished and at least one succeeded. ``failed``: every job failed.
     """
 
+    VALIDATING = "validating"
     QUEUED = "queued"
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
@@ -127,7 +130,10 @@ class Batch(Base):
     """One submitted batch.
 
     Invariant: ``num_succeeded + num_failed + num_cancelled <= num_jobs``, equal once the batch is
-    finished; the counts are recomputed from ``jobs`` in the transaction that changes a job.
+    finished. The counters move by the number of real job transitions in the same transaction as
+    those transitions (never a recount under a lock); ``jobs.store.reconcile_batches`` recounts
+    and repairs. ``idempotency_key`` (unique, optional): a second batch with the same key is never
+    created (the nightly enrichment's catalog and scheduled slot).
     """
 
     __tablename__ = "batches"
@@ -145,6 +151,7 @@ class Batch(Base):
     started_at: Mapped[Optional[datetime]]
     finished_at: Mapped[Optional[datetime]]
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    idempotency_key: Mapped[Optional[str]] = mapped_column(String(300), unique=True)
 
 
 class Job(Base):
@@ -152,17 +159,23 @@ class Job(Base):
 
     ``batch_index`` is the request's position in the batch (results come back in submission order).
     ``attempts`` counts the times a worker started it; ``worker`` and ``claimed_at`` are the latest
-    start's. ``published_at`` is when its message was last published (null: not yet).
-    Result columns stay null until it finishes.
+    start's. A claim is a lease: ``worker`` holds the job until ``lease_expires_at`` (renewed while
+    it runs), and the claim's ``attempts`` value is its fencing token: a write carrying an older
+    token changes nothing. ``published_at`` is when its message was last published (null: not
+    yet). Result columns stay null until it finishes.
     """
 
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("batch_id", "custom_id"),
+        # Results in submission order.
+        UniqueConstraint("batch_id", "batch_index"),
         # Batch counts are recomputed from this index alone.
         Index("ix_jobs_batch_id_status", "batch_id", "status"),
         # The sweeper's scan: unfinished jobs by the time of their last publish.
         Index("ix_jobs_status_published_at", "status", "published_at"),
+        # The sweeper's scan for expired leases.
+        Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -189,11 +202,14 @@ class Job(Base):
     error: Mapped[Optional[str]] = mapped_column(Text)
     worker: Mapped[Optional[str]] = mapped_column(String(200))
     claimed_at: Mapped[Optional[datetime]]
+    lease_expires_at: Mapped[Optional[datetime]]
     published_at: Mapped[Optional[datetime]]
 
 
 class ProductEnrichment(Base):
-    """What the model said about one catalog product; the latest batch to touch a field wins."""
+    """What the model said about one catalog product. A field is written only by a batch created
+    no earlier than the one that last wrote the row (``source_batch_created_at``): a late result
+    of an older batch never overwrites a newer one."""
 
     __tablename__ = "product_enrichment"
 
@@ -205,6 +221,7 @@ class ProductEnrichment(Base):
     source_batch_id: Mapped[Optional[uuid.UUID]] = mapped_column(
         ForeignKey("batches.id", ondelete="SET NULL")
     )
+    source_batch_created_at: Mapped[Optional[datetime]]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
