@@ -1,14 +1,20 @@
 """Reads and writes of batches, jobs and enrichment rows. Callers own the session and transaction.
 
-Concurrency rule: every function that changes a job first locks the job's batch row
-(``SELECT ... FOR UPDATE`` on Postgres; SQLite's ``BEGIN IMMEDIATE`` already serializes writers),
-then writes the job, then recounts the batch from ``jobs``. Writes to one batch are therefore
-serialized, and in READ COMMITTED each recount sees every job committed before it, so the counts
-never drift however many task threads or workers finish jobs at once.
+Concurrency rules (the cost of each is constant, whatever the batch's size):
+
+- A job changes state only through guarded transitions (``UPDATE .. WHERE status = ..``):
+  claim ``queued -> running`` (or ``running`` under an expired lease), finish ``running ->
+  succeeded | failed`` under the claim's fencing token, cancel ``queued | running ->
+  cancelled``. Concurrent writers of one job serialize on its row, and only a real transition
+  reports a row back.
+- Each real transition moves its batch's counters by one in the same transaction (one
+  ``UPDATE batches SET num_x = num_x + k`` per batch per transaction, last before the commit):
+  the counters never drift and never need a recount, and the transaction that brings them to
+  ``num_jobs`` finishes the batch, exactly once. Claims never lock the batch row.
+  :func:`reconcile_batches` recounts from ``jobs`` and repairs (the rare check).
 
 Result writes are upserts keyed by job id (``INSERT .. ON CONFLICT (id) DO UPDATE .. WHERE``):
-a redelivered job never makes a second row, and a guard keeps a late failure from overwriting a
-success.
+a redelivered job never makes a second row, and a finished job is never changed again.
 
 Storage rules for results (the same on Postgres and SQLite): a NUL character (U+0000) in any text
 result (generated text, label, error) is stored as U+FFFD, since Postgres text cannot hold NUL;
@@ -18,13 +24,15 @@ nothing else changes and nothing is cut. NaN and Infinity in ``label_probs`` (an
 
 from __future__ import annotations
 
+import enum
 import math
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterable, Optional, Sequence
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import String, and_, case, cast, func, literal, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from jobs.db import (
@@ -97,24 +105,6 @@ def _insert(session: Session, model: type) -> Any:
     return insert(model)
 
 
-def lock_batch(session: Session, batch_id: uuid.UUID) -> Batch:
-    """Load a batch row locked for update (a no-op lock on SQLite).
-
-    Raises:
-        LookupError: no batch has this id.
-    """
-    stmt = (
-        select(Batch)
-        .where(Batch.id == batch_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
-    batch = session.execute(stmt).scalar_one_or_none()
-    if batch is None:
-        raise LookupError(f"no batch with id {batch_id}")
-    return batch
-
-
 def create_batch(
     session: Session,
     requests: Sequence[JobRequest],
@@ -164,66 +154,197 @@ def create_batch(
     return batch, jobs
 
 
+class ClaimStatus(str, enum.Enum):
+    """What a claim found (see :func:`claim_jobs`)."""
+
+    CLAIMED = "claimed"
+    """This caller now holds the job's lease and should run it."""
+    HELD = "held"
+    """Another claim's lease is live: the job runs elsewhere (a duplicate delivery)."""
+    FINISHED = "finished"
+    """The job is succeeded, failed or cancelled: nothing to do."""
+    GAVE_UP = "gave_up"
+    """The job had been started ``max_attempts`` times; it is now ``failed`` with the reason."""
+    UNKNOWN = "unknown"
+    """No such job (or its batch is still ``validating``)."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One job's claim. ``job`` (CLAIMED only) is the row as claimed; its ``attempts`` is the
+    lease's fencing token. ``lease_expires_at`` (CLAIMED and HELD) is when the lease runs out."""
+
+    status: ClaimStatus
+    job: Optional[Job] = None
+    lease_expires_at: Optional[datetime] = None
+
+
+def _claimable(now: datetime):
+    """Jobs a claim may take: queued, or running under an expired lease (a dead holder)."""
+    return or_(
+        Job.status == JobStatus.QUEUED,
+        and_(Job.status == JobStatus.RUNNING, or_(Job.lease_expires_at.is_(None), Job.lease_expires_at <= now)),
+    )
+
+
+def _not_validating():
+    return Job.batch_id.in_(select(Batch.id).where(Batch.status != BatchStatus.VALIDATING))
+
+
+def claim_jobs(
+    session: Session,
+    job_ids: Sequence[uuid.UUID],
+    *,
+    worker: Optional[str],
+    lease_s: float,
+    max_attempts: Optional[int] = None,
+) -> dict[uuid.UUID, Claim]:
+    """Claim many jobs in one transaction, each as a lease; the batch rows are never locked.
+
+    A job is claimable when it is ``queued``, or ``running`` under a lease that has expired (its
+    holder died or lost the database). Claiming sets ``running``, increments ``attempts`` (the new
+    value is the fencing token every later write of this attempt must carry), and stamps
+    ``worker``, ``claimed_at`` and ``lease_expires_at = now + lease_s``. Concurrent claims of one
+    job serialize on its row: exactly one of them gets it. A claimable job already started
+    ``max_attempts`` times is a poison job and ends ``failed`` instead, with its batch's counters.
+
+    Args:
+        job_ids: the jobs to claim (duplicates are claimed once).
+        worker: the claiming worker's name (``jobs.worker``).
+        lease_s: the lease's length in seconds; the holder renews it (:func:`renew_leases`).
+        max_attempts: the most starts a job gets; None for no limit.
+
+    Returns:
+        One :class:`Claim` per distinct id.
+    """
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    now = utcnow()
+    claims: dict[uuid.UUID, Claim] = {}
+    where = [Job.id.in_(ids), _claimable(now), _not_validating()]
+    if max_attempts is not None:
+        gave_up = session.execute(
+            update(Job)
+            .where(*where, Job.attempts >= max_attempts)
+            .values(
+                status=JobStatus.FAILED,
+                error=literal("gave up after ") + cast(Job.attempts, String)
+                + literal(" attempts: each one lost its worker or ran out of time"),
+                finished_at=now,
+                lease_expires_at=None,
+            )
+            .returning(Job.id, Job.batch_id)
+            .execution_options(synchronize_session=False)
+        ).all()
+        _count_transitions(session, [(row.batch_id, JobStatus.FAILED) for row in gave_up], now)
+        claims.update({row.id: Claim(ClaimStatus.GAVE_UP) for row in gave_up})
+        where.append(Job.attempts < max_attempts)
+    expires = now + timedelta(seconds=lease_s)
+    claimed = session.execute(
+        update(Job)
+        .where(*where)
+        .values(
+            status=JobStatus.RUNNING,
+            attempts=Job.attempts + 1,
+            started_at=func.coalesce(Job.started_at, now),
+            claimed_at=now,
+            lease_expires_at=expires,
+            worker=worker,
+        )
+        .returning(Job)
+        .execution_options(synchronize_session=False, populate_existing=True)
+    ).scalars().all()
+    for job in claimed:
+        claims[job.id] = Claim(ClaimStatus.CLAIMED, job, expires)
+    started = sorted({job.batch_id for job in claimed})
+    if started:  # only a batch's first claims find it queued; later ones match no row
+        session.execute(
+            update(Batch)
+            .where(Batch.id.in_(started), Batch.status == BatchStatus.QUEUED)
+            .values(status=BatchStatus.IN_PROGRESS, started_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    rest = [job_id for job_id in ids if job_id not in claims]
+    if rest:
+        found = session.execute(
+            select(Job.id, Job.status, Job.lease_expires_at).where(Job.id.in_(rest), _not_validating())
+        ).all()
+        for row in found:
+            if row.status.is_finished:
+                claims[row.id] = Claim(ClaimStatus.FINISHED)
+            else:
+                claims[row.id] = Claim(ClaimStatus.HELD, lease_expires_at=row.lease_expires_at)
+        for job_id in rest:
+            claims.setdefault(job_id, Claim(ClaimStatus.UNKNOWN))
+    return claims
+
+
 def claim_job(
     session: Session,
     job_id: uuid.UUID,
     *,
     worker: Optional[str] = None,
     max_attempts: Optional[int] = None,
+    lease_s: float = 600.0,
 ) -> Optional[Job]:
-    """Mark a job running and count the attempt, unless it is finished or out of attempts.
+    """:func:`claim_jobs` for one job: the job as claimed, or None when there is nothing to run
+    (finished, out of attempts, held under a live lease by another claim, or unknown)."""
+    claim = claim_jobs(session, [job_id], worker=worker, lease_s=lease_s, max_attempts=max_attempts)[job_id]
+    return claim.job
 
-    A ``running`` job is claimed again: that is a redelivery after a worker died, a timeout or a
-    retry. A job already started ``max_attempts`` times without finishing is a poison job: it is
-    marked ``failed`` with the reason instead (each of its attempts crashed or lost its worker).
+
+def renew_leases(
+    session: Session, leases: Sequence[tuple[uuid.UUID, int]], *, worker: Optional[str], lease_s: float
+) -> set[uuid.UUID]:
+    """Extend the leases a worker holds by ``lease_s`` seconds from now, in one statement.
 
     Args:
-        worker: name of the claiming worker, stored in ``jobs.worker``.
-        max_attempts: the most starts a job gets; None for no limit.
+        leases: (job id, fencing token) of each job the worker runs.
 
     Returns:
-        The job, now ``running`` with ``attempts`` incremented; None when there is nothing to run:
-        no such job, it is finished (succeeded, failed or cancelled), or it just failed for
-        running out of attempts.
+        The ids whose lease was renewed. A job missing from it was cancelled, finished, or taken by
+        another claim after its lease expired: its holder must stop and store nothing.
     """
-    job = session.get(Job, job_id)
-    if job is None:
-        return None
-    batch = lock_batch(session, job.batch_id)
-    session.refresh(job)
-    if job.status.is_finished:
-        return None
-    if max_attempts is not None and job.attempts >= max_attempts:
-        _write_results(
-            session,
-            [(job, JobResult.failure(
-                f"gave up after {job.attempts} attempts: each one lost its worker or ran out of time"
-            ))],
-        )
-        return None
-    now = utcnow()
-    session.execute(
+    if not leases:
+        return set()
+    stmt = (
         update(Job)
-        .where(Job.id == job_id)
-        .values(
-            status=JobStatus.RUNNING,
-            attempts=Job.attempts + 1,
-            started_at=func.coalesce(Job.started_at, now),
-            claimed_at=now,
-            worker=worker,
+        .where(
+            tuple_(Job.id, Job.attempts).in_(list(leases)),
+            Job.status == JobStatus.RUNNING,
+            Job.worker == worker if worker is not None else Job.worker.is_(None),
         )
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+        .returning(Job.id)
         .execution_options(synchronize_session=False)
     )
-    if batch.status == BatchStatus.QUEUED:
-        batch.status = BatchStatus.IN_PROGRESS
-        batch.started_at = now
-    session.flush()
-    session.refresh(job)
-    return job
+    return set(session.execute(stmt).scalars())
+
+
+def release_jobs(session: Session, leases: Sequence[tuple[uuid.UUID, int]], *, republish_at: Optional[datetime] = None) -> set[uuid.UUID]:
+    """Give leases back unfinished: each job still held under its token becomes ``queued`` again,
+    so the message that goes back to the queue (or a retry's) can claim it at once. Its
+    ``attempts`` keeps the cut-short start. ``published_at`` becomes ``republish_at`` (default
+    now), since its message is about to be queued again.
+
+    Returns:
+        The ids released (a job finished or taken by another claim meanwhile is left alone).
+    """
+    if not leases:
+        return set()
+    stmt = (
+        update(Job)
+        .where(tuple_(Job.id, Job.attempts).in_(list(leases)), Job.status == JobStatus.RUNNING)
+        .values(status=JobStatus.QUEUED, lease_expires_at=None, published_at=republish_at or utcnow())
+        .returning(Job.id)
+        .execution_options(synchronize_session=False)
+    )
+    return set(session.execute(stmt).scalars())
 
 
 def job_status(session: Session, job_id: uuid.UUID) -> Optional[JobStatus]:
-    """The job's current status (None: no such job); a running job polls it to learn of a cancel."""
+    """The job's current status (None: no such job)."""
     return session.scalar(select(Job.status).where(Job.id == job_id))
 
 
@@ -238,38 +359,33 @@ _RESULT_COLUMNS = (
     "num_cached_tokens",
     "error",
     "finished_at",
+    "lease_expires_at",
 )
 
 
 def record_result(session: Session, job: Job, result: JobResult) -> bool:
-    """Upsert one job's result keyed by its id, then recount its batch (see :func:`record_results`).
-
-    Returns:
-        True when the row took this result, False when the guard dropped it.
-
-    Raises:
-        ValueError: ``result.status`` is not a final status a worker may write.
-    """
+    """:func:`record_results` for one job. Returns True when the row took this result."""
     return job.id in record_results(session, [(job, result)])
 
 
 def record_results(session: Session, results: Iterable[tuple[Job, JobResult]]) -> set[uuid.UUID]:
-    """Upsert many jobs' results in one statement keyed by job id, then recount their batches.
+    """Store many jobs' outcomes in one statement, with their batches' counters.
 
-    A stored ``succeeded`` or ``cancelled`` result is never overwritten: a redelivered or late
-    write is dropped. Writing the same result twice leaves one row with that result. When one job
-    appears more than once in ``results``, one value is kept: a success over a failure, else the
-    later one (one ``INSERT .. ON CONFLICT`` may not touch a row twice). Results are stored under
-    the module's storage rules (:meth:`JobResult.storable`).
-
-    Args:
-        results: (job as claimed, outcome) pairs; each outcome is ``SUCCEEDED`` or ``FAILED``.
+    Each ``job`` is the row as claimed: its ``attempts`` is the claim's fencing token. A job's
+    row takes the outcome only while it is still ``running`` under that same token, so a write
+    from a stale attempt (its lease expired and another claim took the job, or the job was
+    cancelled, gave up or finished meanwhile) changes nothing: no row, no counter, no enrichment.
+    A finished job is never changed again. Each real transition moves its batch's counters by one
+    in this transaction, and the batch finishes (``completed``, or ``failed`` when every job
+    failed) in the transaction whose transitions bring its counts to ``num_jobs``: exactly once.
+    When one job appears more than once in ``results``, a success is kept over a failure, else the
+    later one. Results are stored under the module's storage rules (:meth:`JobResult.storable`).
 
     Returns:
-        The ids of the jobs whose row took the given result.
+        The ids of the jobs whose row took the given outcome.
 
     Raises:
-        ValueError: an outcome's status is not a final status a worker may write.
+        ValueError: an outcome's status is not ``SUCCEEDED`` or ``FAILED``.
     """
     chosen: dict[uuid.UUID, tuple[Job, JobResult]] = {}
     for job, result in results:
@@ -280,127 +396,166 @@ def record_results(session: Session, results: Iterable[tuple[Job, JobResult]]) -
             chosen[job.id] = (job, result)
     if not chosen:
         return set()
-    for batch_id in sorted({job.batch_id for job, _ in chosen.values()}):  # one lock order: no deadlocks
-        lock_batch(session, batch_id)
-    return _write_results(session, list(chosen.values()))
-
-
-def _write_results(session: Session, results: list[tuple[Job, JobResult]]) -> set[uuid.UUID]:
-    """The upsert itself; the caller holds the batch locks and has removed repeated job ids."""
     now = utcnow()
-    rows = []
-    for job, result in results:
-        values = asdict(result.storable())
-        values["finished_at"] = now
-        rows.append(dict(
-            id=job.id,
-            batch_id=job.batch_id,
-            batch_index=job.batch_index,
-            custom_id=job.custom_id,
-            kind=job.kind,
-            model=job.model,
-            request=job.request,
-            attempts=job.attempts,
-            queued_at=job.queued_at,
-            started_at=job.started_at,
-            **values,
-        ))
-    stmt = _insert(session, Job).values(rows)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[Job.id],
-        set_={name: stmt.excluded[name] for name in _RESULT_COLUMNS},
-        where=Job.status.not_in([JobStatus.SUCCEEDED, JobStatus.CANCELLED]),
-    )
-    # RETURNING yields a row only when it was inserted or the guarded update applied.
-    written = set(session.execute(stmt.returning(Job.id)).scalars())
-    for batch_id in sorted({job.batch_id for job, _ in results}):
-        refresh_batch(session, batch_id)
+    written: set[uuid.UUID] = set()
+    transitions: list[tuple[uuid.UUID, JobStatus]] = []
+    by_status: dict[JobStatus, list[tuple[Job, JobResult]]] = {}
+    for job, result in sorted(chosen.values(), key=lambda item: item[0].id):
+        by_status.setdefault(result.status, []).append((job, result))
+    for status, group in by_status.items():
+        rows = []
+        for job, result in group:
+            values = asdict(result.storable())
+            values.update(finished_at=now, lease_expires_at=None)
+            rows.append(dict(
+                id=job.id, batch_id=job.batch_id, batch_index=job.batch_index, custom_id=job.custom_id,
+                kind=job.kind, model=job.model, request=job.request, attempts=job.attempts,
+                queued_at=job.queued_at, started_at=job.started_at, **values,
+            ))
+        stmt = _insert(session, Job).values(rows)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[Job.id],
+            set_={name: stmt.excluded[name] for name in _RESULT_COLUMNS},
+            where=and_(Job.status == JobStatus.RUNNING, Job.attempts == stmt.excluded.attempts),
+        )
+        # RETURNING yields a row only where the guarded update applied: one per real transition.
+        for row in session.execute(stmt.returning(Job.id, Job.batch_id)).all():
+            written.add(row.id)
+            transitions.append((row.batch_id, status))
+    _count_transitions(session, transitions, now)
     return written
 
 
+def _count_transitions(session: Session, transitions: Sequence[tuple[uuid.UUID, JobStatus]], now: datetime) -> None:
+    """Move each batch's counters by its jobs' real transitions to a final status, one guarded
+    ``UPDATE`` per batch (in id order, so two writers never deadlock), and finish a batch whose
+    counts reach ``num_jobs``. The batch row is locked only from this statement to the commit."""
+    deltas: dict[uuid.UUID, Counter] = {}
+    for batch_id, status in transitions:
+        deltas.setdefault(batch_id, Counter())[status] += 1
+    for batch_id in sorted(deltas):
+        delta = deltas[batch_id]
+        succeeded, failed, cancelled = (delta[JobStatus.SUCCEEDED], delta[JobStatus.FAILED],
+                                        delta[JobStatus.CANCELLED])
+        finished = and_(
+            Batch.status.in_([BatchStatus.QUEUED, BatchStatus.IN_PROGRESS]),
+            Batch.num_succeeded + Batch.num_failed + Batch.num_cancelled + (succeeded + failed + cancelled)
+            >= Batch.num_jobs,
+        )
+        final = case((Batch.num_failed + failed >= Batch.num_jobs, BatchStatus.FAILED.value),
+                     else_=BatchStatus.COMPLETED.value)
+        session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id)
+            .values(
+                num_succeeded=Batch.num_succeeded + succeeded,
+                num_failed=Batch.num_failed + failed,
+                num_cancelled=Batch.num_cancelled + cancelled,
+                status=case((finished, final), else_=Batch.status),
+                finished_at=case((finished, now), else_=Batch.finished_at),
+            )
+            .execution_options(synchronize_session=False)
+        )
+
+
 def record_enrichment(session: Session, job: Job, result: JobResult, *, model: str) -> bool:
-    """Upsert the ``product_enrichment`` row of a succeeded job that names a product.
+    """:func:`record_enrichments` for one job; True when it wrote the row."""
+    return bool(record_enrichments(session, [(job, result)], model=model))
+
+
+def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]], *, model: str) -> set[str]:
+    """Upsert the ``product_enrichment`` rows of succeeded jobs that name a product.
 
     A classification job sets ``category`` and ``category_confidence`` (the label's probability);
     a generation job sets ``description``. Fields the job does not produce are left as they are.
+    A row is written only when the job's batch was created no earlier than the batch that last
+    wrote it (``source_batch_created_at``): an older batch's late result never overwrites a newer
+    one. Call it in the transaction that stored the results, with only the jobs whose row took
+    them (see :func:`record_results`), so a redelivered job never writes twice.
 
     Args:
-        job: a job whose request metadata may hold ``product_id``.
-        result: its result; nothing is written unless it succeeded.
-        model: name of the model that produced it.
+        results: (job, result) pairs; jobs without ``metadata.product_id`` or results that did not
+            succeed are skipped.
+        model: name of the model that produced them.
 
     Returns:
-        True when a row was written.
+        The product ids whose row was written.
     """
-    product_id = job.request.get("metadata", {}).get("product_id")
-    if product_id is None or result.status != JobStatus.SUCCEEDED:
-        return False
-    result = result.storable()
-    if job.kind == JobKind.CLASSIFY:
-        fields = {
-            "category": result.label,
-            "category_confidence": (result.label_probs or {}).get(result.label),
-        }
-    else:
-        fields = {"description": result.output_text}
-    fields.update(model=model, source_batch_id=job.batch_id, updated_at=utcnow())
-    stmt = _insert(session, ProductEnrichment).values(product_id=str(product_id), **fields)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[ProductEnrichment.product_id],
-        set_={name: stmt.excluded[name] for name in fields},
-    )
-    session.execute(stmt)
-    return True
+    wanted = [(job, result.storable()) for job, result in results
+              if result.status == JobStatus.SUCCEEDED and job.request.get("metadata", {}).get("product_id") is not None]
+    if not wanted:
+        return set()
+    created = dict(session.execute(
+        select(Batch.id, Batch.created_at).where(Batch.id.in_({job.batch_id for job, _ in wanted}))
+    ).all())
+    now = utcnow()
+    # One row per product and field set: a statement may not touch a row twice.
+    merged: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+    for job, result in wanted:
+        if job.kind == JobKind.CLASSIFY:
+            fields = {"category": result.label,
+                      "category_confidence": (result.label_probs or {}).get(result.label)}
+        else:
+            fields = {"description": result.output_text}
+        product_id = str(job.request["metadata"]["product_id"])
+        row = dict(product_id=product_id, model=model, source_batch_id=job.batch_id,
+                   source_batch_created_at=created.get(job.batch_id), updated_at=now, **fields)
+        key = (product_id, tuple(sorted(fields)))
+        kept = merged.get(key)
+        if kept is None or _newer(row["source_batch_created_at"], kept["source_batch_created_at"]):
+            merged[key] = row
+    written: set[str] = set()
+    for names_ in sorted({key[1] for key in merged}):
+        rows = [row for key, row in sorted(merged.items()) if key[1] == names_]
+        stmt = _insert(session, ProductEnrichment).values(rows)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[ProductEnrichment.product_id],
+            set_={name: stmt.excluded[name] for name in
+                  (*names_, "model", "source_batch_id", "source_batch_created_at", "updated_at")},
+            where=or_(ProductEnrichment.source_batch_created_at.is_(None),
+                      ProductEnrichment.source_batch_created_at <= stmt.excluded.source_batch_created_at),
+        )
+        written.update(session.execute(stmt.returning(ProductEnrichment.product_id)).scalars())
+    return written
 
 
-def refresh_batch(session: Session, batch_id: uuid.UUID) -> Batch:
-    """Recount a batch's jobs by status and finish the batch once every job has finished.
-
-    Takes the batch lock first (a no-op when the transaction already holds it, as every writer
-    here does before touching a job). A batch whose every job failed
-    becomes ``failed``; otherwise ``completed``. A cancelled batch keeps its status.
-    """
-    batch = lock_batch(session, batch_id)
-    counts = dict(
-        session.execute(
-            select(Job.status, func.count()).where(Job.batch_id == batch_id).group_by(Job.status)
-        ).all()
-    )
-    batch.num_succeeded = counts.get(JobStatus.SUCCEEDED, 0)
-    batch.num_failed = counts.get(JobStatus.FAILED, 0)
-    batch.num_cancelled = counts.get(JobStatus.CANCELLED, 0)
-    num_finished = batch.num_succeeded + batch.num_failed + batch.num_cancelled
-    if num_finished == batch.num_jobs and not batch.status.is_finished:
-        all_failed = batch.num_jobs > 0 and batch.num_failed == batch.num_jobs
-        batch.status = BatchStatus.FAILED if all_failed else BatchStatus.COMPLETED
-        batch.finished_at = utcnow()
-    session.flush()
-    return batch
+def _newer(a: Optional[datetime], b: Optional[datetime]) -> bool:
+    return b is None or (a is not None and a >= b)
 
 
 def cancel_batch(session: Session, batch_id: uuid.UUID) -> Batch:
     """Cancel every queued or running job of a batch and mark the batch ``cancelled``.
 
     Finished jobs keep their results. Workers skip cancelled jobs when their message arrives, and
-    a worker running one aborts it in the engine within ``WEIR_CANCEL_POLL_INTERVAL_S``; its
-    result is then never stored.
+    a worker running one aborts it in the engine within ``WEIR_CANCEL_POLL_INTERVAL_S`` (its lease
+    renewal finds the job gone); its result is never stored. The cancelled jobs move the batch's
+    ``num_cancelled`` in this transaction.
 
     Raises:
         LookupError: no batch has this id.
     """
-    batch = lock_batch(session, batch_id)
+    batch = get_batch(session, batch_id)
     if batch.status.is_finished:
         return batch
     now = utcnow()
-    session.execute(
+    num_cancelled = session.execute(
         update(Job)
         .where(Job.batch_id == batch_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
-        .values(status=JobStatus.CANCELLED, finished_at=now)
+        .values(status=JobStatus.CANCELLED, finished_at=now, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id)
+        .values(
+            num_cancelled=Batch.num_cancelled + num_cancelled,
+            status=case((Batch.status.in_([BatchStatus.QUEUED, BatchStatus.IN_PROGRESS]),
+                         BatchStatus.CANCELLED.value), else_=Batch.status),
+            finished_at=func.coalesce(Batch.finished_at, now),
+        )
         .execution_options(synchronize_session=False)
     )
-    batch.status = BatchStatus.CANCELLED
-    batch.finished_at = now
-    return refresh_batch(session, batch_id)
+    return get_batch(session, batch_id)
 
 
 def cancel_job(session: Session, job_id: uuid.UUID) -> Job:
@@ -412,49 +567,107 @@ def cancel_job(session: Session, job_id: uuid.UUID) -> Job:
     Raises:
         LookupError: no job has this id.
     """
-    job = session.get(Job, job_id)
-    if job is None:
-        raise LookupError(f"no job with id {job_id}")
-    lock_batch(session, job.batch_id)
-    session.execute(
+    now = utcnow()
+    cancelled = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
-        .values(status=JobStatus.CANCELLED, finished_at=utcnow())
+        .values(status=JobStatus.CANCELLED, finished_at=now, lease_expires_at=None)
+        .returning(Job.batch_id)
         .execution_options(synchronize_session=False)
-    )
-    refresh_batch(session, job.batch_id)
-    session.refresh(job)
+    ).scalars().all()
+    _count_transitions(session, [(batch_id, JobStatus.CANCELLED) for batch_id in cancelled], now)
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise LookupError(f"no job with id {job_id}")
     return job
 
 
-def take_jobs_to_publish(
-    session: Session, *, model: str, older_than: datetime, limit: int = 1000, include_queued: bool = True
-) -> list[uuid.UUID]:
-    """Find jobs whose message may be lost, and stamp them published now (the sweeper's read).
+@dataclass(frozen=True)
+class Reconciled:
+    """A batch whose stored counters differed from a recount: before and after."""
 
-    A job qualifies when it is ``queued`` and was never published or last published before
-    ``older_than``, or ``running`` with both its latest claim and its latest publish before
-    ``older_than`` (its worker died and no message of it was seen since). Rows are taken with
-    ``FOR UPDATE SKIP LOCKED``, so two sweepers never take the same job; a second sweep right
-    after the first finds nothing.
+    batch_id: uuid.UUID
+    before: tuple[int, int, int, str]
+    after: tuple[int, int, int, str]
+
+
+def reconcile_batches(session: Session, batch_ids: Optional[Sequence[uuid.UUID]] = None) -> list[Reconciled]:
+    """Recount batches from ``jobs`` and repair counters or status that differ (the rare check;
+    the counters move transactionally, so a difference means a row was changed by hand).
+
+    Each batch is recounted under its row lock. A batch whose counts reach ``num_jobs`` is
+    finished as :func:`record_results` would have finished it.
 
     Args:
-        model: only jobs for this model (the caller publishes to that model's queue).
-        older_than: the deadline, a timezone-aware UTC time.
-        limit: the most ids returned.
-        include_queued: False takes only the ``running`` ones (while the queue still holds
-            messages, a ``queued`` job's message is most likely among them).
+        batch_ids: the batches to check; None checks every batch not yet finished.
+
+    Returns:
+        The batches that were repaired.
+    """
+    if batch_ids is None:
+        batch_ids = list(session.execute(
+            select(Batch.id).where(Batch.status.in_([BatchStatus.QUEUED, BatchStatus.IN_PROGRESS]))
+        ).scalars())
+    repaired = []
+    for batch_id in sorted(batch_ids):
+        batch = session.execute(
+            select(Batch).where(Batch.id == batch_id).with_for_update().execution_options(populate_existing=True)
+        ).scalar_one_or_none()
+        if batch is None or batch.status == BatchStatus.VALIDATING:
+            continue
+        counts = dict(session.execute(
+            select(Job.status, func.count()).where(Job.batch_id == batch_id).group_by(Job.status)
+        ).all())
+        before = (batch.num_succeeded, batch.num_failed, batch.num_cancelled, batch.status.value)
+        batch.num_succeeded = counts.get(JobStatus.SUCCEEDED, 0)
+        batch.num_failed = counts.get(JobStatus.FAILED, 0)
+        batch.num_cancelled = counts.get(JobStatus.CANCELLED, 0)
+        if batch.num_succeeded + batch.num_failed + batch.num_cancelled >= batch.num_jobs and not batch.status.is_finished:
+            all_failed = batch.num_jobs > 0 and batch.num_failed == batch.num_jobs
+            batch.status = BatchStatus.FAILED if all_failed else BatchStatus.COMPLETED
+            batch.finished_at = utcnow()
+        after = (batch.num_succeeded, batch.num_failed, batch.num_cancelled, batch.status.value)
+        if after != before:
+            repaired.append(Reconciled(batch_id, before, after))
+    session.flush()
+    return repaired
+
+
+def take_jobs_to_publish(
+    session: Session,
+    *,
+    model: str,
+    older_than: datetime,
+    limit: int = 1000,
+    queued_before: Optional[datetime] = None,
+) -> list[uuid.UUID]:
+    """Find jobs whose message is missing and stamp them published now (the sweeper's read).
+
+    Taken, of batches no longer ``validating``:
+
+    - ``queued`` jobs never published (``published_at`` null: a publish failed), at once;
+    - ``running`` jobs whose lease expired before ``older_than`` and that were not published since
+      it expired (their worker died; Redis may have lost or may still hold their message);
+    - ``queued`` jobs last published before ``queued_before``: the caller passes the publish time
+      of the oldest message still waiting in the queue (less a grace), before which every message
+      has been taken from the queue, so such a job's message is lost; or ``older_than`` when the
+      queue is empty. None takes none of these.
+
+    Rows are taken with ``FOR UPDATE SKIP LOCKED``, so two sweepers never take the same job.
 
     Returns:
         The ids, oldest publish first, now with ``published_at`` = now (not committed).
     """
-    not_since = or_(Job.published_at.is_(None), Job.published_at < older_than)
-    lost = [and_(Job.status == JobStatus.RUNNING, Job.claimed_at < older_than, not_since)]
-    if include_queued:
-        lost.append(and_(Job.status == JobStatus.QUEUED, not_since))
+    lost = [
+        and_(Job.status == JobStatus.QUEUED, Job.published_at.is_(None)),
+        and_(Job.status == JobStatus.RUNNING, Job.lease_expires_at < older_than,
+             or_(Job.published_at.is_(None), Job.published_at < Job.lease_expires_at)),
+    ]
+    if queued_before is not None:
+        lost.append(and_(Job.status == JobStatus.QUEUED, Job.published_at < queued_before))
     stmt = (
         select(Job.id)
-        .where(Job.model == model, or_(*lost))
+        .where(Job.model == model, or_(*lost), _not_validating())
         .order_by(Job.published_at.asc().nulls_first())
         .limit(limit)
         .with_for_update(skip_locked=True)
@@ -465,6 +678,11 @@ def take_jobs_to_publish(
     return ids
 
 
+def published_at(session: Session, job_id: uuid.UUID) -> Optional[datetime]:
+    """When the job's message was last published (None: never, or no such job)."""
+    return session.scalar(select(Job.published_at).where(Job.id == job_id))
+
+
 def mark_published(session: Session, job_ids: Sequence[uuid.UUID], when: Optional[datetime]) -> None:
     """Set ``published_at`` of the jobs to ``when`` (None: not published, sweep at once)."""
     session.execute(
@@ -473,7 +691,6 @@ def mark_published(session: Session, job_ids: Sequence[uuid.UUID], when: Optiona
         .values(published_at=when)
         .execution_options(synchronize_session=False)
     )
-
 
 def record_dead_letter(
     session: Session,

@@ -82,12 +82,99 @@ def test_duplicate_custom_id_stores_nothing(session_factory):
 def test_claim_marks_running_and_counts_attempts(session_factory):
     batch_id, job_ids = make_batch(session_factory)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0])
+        job = store.claim_job(session, job_ids[0], lease_s=0)
     assert job.status == JobStatus.RUNNING and job.attempts == 1 and job.started_at is not None
-    with session_factory.begin() as session:  # a redelivery of a running job claims it again
+    with session_factory.begin() as session:  # its lease has expired: a redelivery claims it again
         assert store.claim_job(session, job_ids[0]).attempts == 2
     batch, _ = load(session_factory, batch_id)
     assert batch.status == BatchStatus.IN_PROGRESS and batch.started_at is not None
+
+
+def test_a_live_lease_is_not_claimed_twice(session_factory):
+    batch_id, job_ids = make_batch(session_factory)
+    with session_factory.begin() as session:
+        claims = store.claim_jobs(session, job_ids[:2], worker="w1", lease_s=60)
+    assert [claims[i].status for i in job_ids[:2]] == [store.ClaimStatus.CLAIMED] * 2
+    with session_factory.begin() as session:  # a duplicate delivery while w1 runs them
+        again = store.claim_jobs(session, job_ids, worker="w2", lease_s=60)
+    assert [again[i].status for i in job_ids] == [store.ClaimStatus.HELD, store.ClaimStatus.HELD,
+                                                  store.ClaimStatus.CLAIMED]
+    held, own = again[job_ids[0]].lease_expires_at, claims[job_ids[0]].lease_expires_at
+    assert held.replace(tzinfo=None) == own.replace(tzinfo=None)  # SQLite keeps no zone
+    _, jobs = load(session_factory, batch_id)
+    assert [(j.attempts, j.worker) for j in jobs] == [(1, "w1"), (1, "w1"), (1, "w2")]
+
+
+def test_a_stale_attempt_changes_nothing(session_factory):
+    batch_id, job_ids = make_batch(session_factory, num_jobs=1)
+    with session_factory.begin() as session:
+        stale = store.claim_job(session, job_ids[0], worker="dead", lease_s=0)
+    with session_factory.begin() as session:  # the lease expired; another worker takes the job
+        fresh = store.claim_job(session, job_ids[0], worker="alive", lease_s=60)
+    assert (stale.attempts, fresh.attempts) == (1, 2)
+    with session_factory.begin() as session:
+        assert store.renew_leases(session, [(job_ids[0], 1)], worker="dead", lease_s=60) == set()
+        assert store.record_result(session, stale, ok("stale")) is False
+        assert store.record_enrichment(session, stale, ok("stale"), model="tiny") is True  # unguarded alone
+        session.rollback()
+    batch, jobs = load(session_factory, batch_id)
+    assert (jobs[0].status, jobs[0].output_text, batch.num_succeeded) == (JobStatus.RUNNING, None, 0)
+    with session_factory.begin() as session:
+        assert store.renew_leases(session, [(job_ids[0], 2)], worker="alive", lease_s=60) == {job_ids[0]}
+        assert store.record_result(session, fresh, ok("fresh")) is True
+        assert store.record_result(session, stale, ok("stale")) is False
+    batch, jobs = load(session_factory, batch_id)
+    assert (jobs[0].status, jobs[0].output_text, jobs[0].attempts) == (JobStatus.SUCCEEDED, "fresh", 2)
+    assert (batch.status, batch.num_succeeded, batch.num_failed) == (BatchStatus.COMPLETED, 1, 0)
+
+
+def test_a_released_job_is_claimed_at_once(session_factory):
+    _, job_ids = make_batch(session_factory, num_jobs=1)
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_ids[0], worker="w1", lease_s=60)
+    with session_factory.begin() as session:
+        assert store.release_jobs(session, [(job.id, job.attempts)]) == {job.id}
+        assert store.release_jobs(session, [(job.id, job.attempts)]) == set()  # no longer held
+    with session_factory.begin() as session:
+        assert store.claim_job(session, job_ids[0], worker="w2", lease_s=60).attempts == 2
+
+
+def test_reconcile_repairs_counters_changed_by_hand(session_factory):
+    from sqlalchemy import update
+
+    from jobs.db import Batch
+
+    batch_id, job_ids = make_batch(session_factory)
+    for job_id in job_ids:
+        run(session_factory, job_id, ok())
+    with session_factory.begin() as session:
+        assert store.reconcile_batches(session, [batch_id]) == []
+        session.execute(update(Batch).where(Batch.id == batch_id).values(
+            num_succeeded=1, status=BatchStatus.IN_PROGRESS, finished_at=None))
+    with session_factory.begin() as session:
+        [repaired] = store.reconcile_batches(session, [batch_id])
+    assert (repaired.before, repaired.after) == ((1, 0, 0, "in_progress"), (3, 0, 0, "completed"))
+    batch, _ = load(session_factory, batch_id)
+    assert (batch.status, batch.num_succeeded) == (BatchStatus.COMPLETED, 3)
+
+
+def test_an_older_batch_never_overwrites_a_newer_enrichment(session_factory):
+    product = f"prod-{uuid.uuid4().hex[:8]}"
+    claimed = []
+    for text in ("old", "new"):
+        with session_factory.begin() as session:
+            _, [job] = store.create_batch(
+                session, [GenerateRequest(prompt="p", metadata={"product_id": product})], model="tiny")
+        with session_factory.begin() as session:
+            claimed.append((store.claim_job(session, job.id), text))
+    for job, text in reversed(claimed):  # the newer batch's result lands first
+        with session_factory.begin() as session:
+            assert store.record_result(session, job, ok(text)) is True
+            written = store.record_enrichments(session, [(job, ok(text))], model="tiny")
+        assert written == ({product} if text == "new" else set())
+    with session_factory() as session:
+        row = session.get(ProductEnrichment, product)
+    assert (row.description, row.source_batch_id) == ("new", claimed[1][0].batch_id)
 
 
 def test_claim_of_unknown_job_is_none(session_factory):
@@ -133,7 +220,7 @@ def test_late_failure_never_overwrites_success(session_factory):
     assert (batch.num_succeeded, batch.num_failed) == (1, 0)
 
 
-def test_success_after_failure_replaces_it_and_recounts(session_factory):
+def test_a_finished_failure_is_final(session_factory):
     batch_id, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
         job = store.claim_job(session, job_ids[0])
@@ -141,11 +228,11 @@ def test_success_after_failure_replaces_it_and_recounts(session_factory):
         store.record_result(session, job, JobResult.failure("ValueError: boom"))
     batch, _ = load(session_factory, batch_id)
     assert (batch.status, batch.num_failed) == (BatchStatus.FAILED, 1)
-    with session_factory.begin() as session:
-        assert store.record_result(session, job, ok()) is True
+    with session_factory.begin() as session:  # a late success of the same attempt
+        assert store.record_result(session, job, ok()) is False
     batch, jobs = load(session_factory, batch_id)
-    assert (jobs[0].status, jobs[0].error) == (JobStatus.SUCCEEDED, None)
-    assert (batch.num_succeeded, batch.num_failed) == (1, 0)
+    assert (jobs[0].status, jobs[0].error) == (JobStatus.FAILED, "ValueError: boom")
+    assert (batch.status, batch.num_succeeded, batch.num_failed) == (BatchStatus.FAILED, 0, 1)
 
 
 def test_batch_lifecycle_and_counts(session_factory):
@@ -230,7 +317,7 @@ def test_claim_records_the_worker_and_fails_a_job_out_of_attempts(session_factor
     batch_id, job_ids = make_batch(session_factory, num_jobs=2)
     for attempt in (1, 2):
         with session_factory.begin() as session:
-            job = store.claim_job(session, job_ids[0], worker=f"w{attempt}", max_attempts=2)
+            job = store.claim_job(session, job_ids[0], worker=f"w{attempt}", max_attempts=2, lease_s=0)
         assert (job.attempts, job.worker, job.status) == (attempt, f"w{attempt}", JobStatus.RUNNING)
     with session_factory.begin() as session:  # a third delivery: both attempts lost their worker
         assert store.claim_job(session, job_ids[0], worker="w3", max_attempts=2) is None
@@ -276,23 +363,25 @@ def test_sweeper_takes_lost_jobs_once(session_factory):
 
     model = f"sweep-{uuid.uuid4().hex[:8]}"  # the database is shared with other tests
     with session_factory.begin() as session:
-        _, jobs = store.create_batch(session, [GenerateRequest(prompt=f"p{i}") for i in range(4)], model=model)
+        _, jobs = store.create_batch(session, [GenerateRequest(prompt=f"p{i}") for i in range(5)], model=model)
     job_ids = [job.id for job in jobs]
     with session_factory.begin() as session:
-        store.claim_job(session, job_ids[1])  # running, claimed just now: its worker is alive
-        store.claim_job(session, job_ids[2])
+        store.claim_job(session, job_ids[1], lease_s=60)  # running under a live lease: its worker is alive
+        store.claim_job(session, job_ids[2], lease_s=0)  # running under an expired lease: its worker died
     run(session_factory, job_ids[3], ok())
     with session_factory.begin() as session:
         store.mark_published(session, [job_ids[0]], None)  # its publish failed
-        assert store.take_jobs_to_publish(session, model=model, older_than=utcnow() - timedelta(seconds=60)) == [
-            job_ids[0]]
+    now = utcnow() + timedelta(milliseconds=10)
+    with session_factory.begin() as session:  # a backlog: no queued job is taken by its age
+        assert sorted(store.take_jobs_to_publish(session, model=model, older_than=now)) == sorted(
+            [job_ids[0], job_ids[2]])
     with session_factory.begin() as session:  # a second sweep right after finds nothing
-        assert store.take_jobs_to_publish(session, model=model, older_than=utcnow() - timedelta(seconds=60)) == []
-    later = utcnow() + timedelta(seconds=1)  # every unfinished job is now past the deadline
+        assert store.take_jobs_to_publish(session, model=model, older_than=now) == []
+    later = utcnow() + timedelta(seconds=1)  # the queue moved past every message published so far
     with session_factory.begin() as session:
-        taken = store.take_jobs_to_publish(session, model=model, older_than=later)
-        assert store.take_jobs_to_publish(session, model="other", older_than=later) == []
-    assert sorted(taken) == sorted(job_ids[:3])
+        taken = store.take_jobs_to_publish(session, model=model, older_than=now, queued_before=later)
+        assert store.take_jobs_to_publish(session, model="other", older_than=later, queued_before=later) == []
+    assert sorted(taken) == sorted([job_ids[0], job_ids[4]])  # queued ones; job 2 was published since
 
 
 def test_dead_letters_keep_body_and_reason(session_factory):
