@@ -16,6 +16,11 @@ from engine.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+class EngineStepError(RuntimeError):
+    """An engine step raised: every request in flight was aborted with this error (a fault of the
+    engine or device, not of any one request; the request may succeed when submitted again)."""
+
+
 class EngineFront:
     """Runs ``llm``'s engine step loop in one background thread and hands out futures.
 
@@ -25,7 +30,9 @@ class EngineFront:
     a prompt that is too long). Prompts are tokenized in the calling thread, so bad input fails
     there at once.
 
-    The engine itself is touched only by the loop thread.
+    The engine itself is touched only by the loop thread. A step that raises fails every request
+    in flight with :class:`EngineStepError`; :attr:`consecutive_step_failures` counts failed steps
+    since the last good one (a sticky device error keeps it growing).
     """
 
     def __init__(self, llm: LLM, name: str = "weir-engine"):
@@ -41,6 +48,7 @@ class EngineFront:
         self._ids = itertools.count()
         self._tok_lock = threading.Lock()
         self._stats: dict = self._engine.stats()
+        self.consecutive_step_failures = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -158,12 +166,20 @@ class EngineFront:
             try:
                 outputs = eng.step()
             except Exception as e:  # a bug in one step must not wedge every waiting caller
-                logger.exception("engine step failed; failing the in-flight requests")
+                self.consecutive_step_failures += 1
+                logger.exception("engine step failed (%d in a row); failing the in-flight requests",
+                                 self.consecutive_step_failures)
+                error = EngineStepError(f"engine step failed: {type(e).__name__}: {e}")
+                error.__cause__ = e
                 for rid, fut in list(self._futures.items()):
-                    eng.abort(rid)
-                    fut.set_exception(e)
+                    try:
+                        eng.abort(rid)
+                    except Exception:  # the engine may be in any state after a failed step
+                        logger.exception("cannot abort %s after a failed step", rid)
+                    fut.set_exception(error)
                 self._futures.clear()
                 continue
+            self.consecutive_step_failures = 0
             self._stats = eng.stats()
             for out in outputs:
                 fut = self._futures.pop(out.request_id, None)

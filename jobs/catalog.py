@@ -171,8 +171,12 @@ def catalog_requests(catalog: Catalog) -> list[JobRequest]:
             for r in product_requests(product, catalog.labels, catalog.label_hints)]
 
 
-def enqueue_catalog(client: Any, catalog: Catalog) -> Any:
+def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None) -> Any:
     """Enqueue one enrichment batch for ``catalog`` through a :class:`jobs.client.Client`.
+
+    Args:
+        idempotency_key: when a batch with this key exists, nothing is enqueued and its id is
+            returned (the nightly run's catalog and slot).
 
     Returns:
         The batch id.
@@ -188,6 +192,7 @@ def enqueue_catalog(client: Any, catalog: Catalog) -> Any:
             "num_products": len(catalog.products),
             "labels": catalog.labels,
         },
+        idempotency_key=idempotency_key,
     )
 
 

@@ -267,11 +267,32 @@ def _configure_sqlite(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+DEFAULT_POOL_SIZE = 5
+POOL_TIMEOUT_S = 30
+
+
+def make_engine(
+    url: str,
+    *,
+    connect_timeout_s: int = 5,
+    statement_timeout_s: float = 30.0,
+    lock_timeout_s: float = 10.0,
+    pool_size: Optional[int] = None,
+    **kwargs: Any,
+) -> Engine:
     """Create a SQLAlchemy engine for ``url`` (``postgresql+psycopg://...`` or ``sqlite:///path``).
 
-    A bare ``postgresql://`` URL is read as psycopg 3. SQLite connections run in WAL mode with a
-    busy timeout and ``BEGIN IMMEDIATE`` transactions, so many task threads can write one file.
+    A bare ``postgresql://`` URL is read as psycopg 3. Postgres connections get a connect timeout,
+    ``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout`` (twice the
+    statement timeout), and TCP keepalives (idle 10 s, then every 5 s, 3 probes) with a 30 s TCP
+    user timeout, so a database that vanishes fails a call within about those times instead of
+    hanging a thread. A database that keeps the connection open but never answers (a stuck proxy)
+    is caught by :func:`watchdog`. The pool keeps ``pool_size`` connections (default
+    ``DEFAULT_POOL_SIZE``: the worker's writes all go through one group-commit thread plus the
+    lease renewer and the consumer) with as many again as overflow; waiting for one longer than
+    ``POOL_TIMEOUT_S`` raises ``sqlalchemy.exc.TimeoutError``, which workers treat as transient.
+    SQLite connections run in WAL mode with a busy timeout and ``BEGIN IMMEDIATE`` transactions,
+    so many task threads can write one file.
 
     Args:
         url: database URL.
@@ -283,8 +304,76 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         engine = create_engine(url, **kwargs)
         _configure_sqlite(engine)
         return engine
+    statement_ms, lock_ms = int(statement_timeout_s * 1000), int(lock_timeout_s * 1000)
+    connect_args = dict(
+        connect_timeout=connect_timeout_s,
+        keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3,
+        tcp_user_timeout=30_000,
+        options=(f"-c statement_timeout={statement_ms} -c lock_timeout={lock_ms} "
+                 f"-c idle_in_transaction_session_timeout={2 * statement_ms}"),
+    )
+    connect_args.update(kwargs.pop("connect_args", {}))
+    size = pool_size or DEFAULT_POOL_SIZE
     kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    kwargs.setdefault("pool_size", size)
+    kwargs.setdefault("max_overflow", size)
+    kwargs.setdefault("pool_timeout", POOL_TIMEOUT_S)
+    return create_engine(url, connect_args=connect_args, **kwargs)
+
+
+def engine_for(settings: Any, **kwargs: Any) -> Engine:
+    """:func:`make_engine` for a ``weir.config.DatabaseSettings`` (its URL, timeouts, pool size)."""
+    return make_engine(
+        settings.url(), connect_timeout_s=settings.connect_timeout_s,
+        statement_timeout_s=settings.statement_timeout_s, lock_timeout_s=settings.lock_timeout_s,
+        pool_size=settings.pool_size, **kwargs,
+    )
+
+
+class watchdog:
+    """Shut down a session's database socket if the block runs longer than ``timeout_s``.
+
+    For a database that keeps the TCP connection open but never answers (a stuck proxy or a
+    frozen host behind one): no server-side timeout can fire and the kernel sees its bytes
+    acknowledged, so the call would block forever. Shutting the socket down makes the blocked call
+    fail at once with a lost-connection ``OperationalError`` (transient: the caller retries on a
+    new connection). A no-op on SQLite.
+
+    Usage::
+
+        with session_factory.begin() as session, watchdog(session, 40.0):
+            ...
+    """
+
+    def __init__(self, session: Any, timeout_s: float) -> None:
+        self._session, self._timeout_s = session, timeout_s
+        self._timer: Optional[Any] = None
+        self.fired = False
+
+    def __enter__(self) -> "watchdog":
+        import threading
+
+        if self._session.get_bind().dialect.name == "postgresql":
+            fd = self._session.connection().connection.dbapi_connection.pgconn.socket
+            self._timer = threading.Timer(self._timeout_s, self._shut, args=(fd,))
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def _shut(self, fd: int) -> None:
+        import os
+        import socket
+
+        self.fired = True
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def make_session_factory(engine: Engine) -> sessionmaker:

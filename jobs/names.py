@@ -46,6 +46,15 @@ def model_name(model: Optional[str]) -> str:
     return base
 
 
+CONTROL_SUFFIX = ".control"
+
+
+def control_queue(queue: str) -> str:
+    """The queue of a model queue's control tasks (sweep, nightly enrichment): its own, so they
+    never wait behind the model queue's backlog. Every worker of the model consumes both."""
+    return queue + CONTROL_SUFFIX
+
+
 def queue_for_model(model: Optional[str], override: Optional[str] = None) -> str:
     """Name of the Celery queue that serves ``model``: ``weir.<model name>`` unless overridden.
 

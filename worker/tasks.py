@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from celery.exceptions import Reject
+from celery.utils.time import get_exponential_backoff_interval
 
 from jobs import names
 from weir.config import get_settings
@@ -19,6 +20,8 @@ from worker.attempt import MalformedMessage, Outcome, dead_letter, parse_job_id,
 from worker.runtime import get_runtime
 
 logger = logging.getLogger(__name__)
+
+MAX_ERROR_BACKOFF_S = 300
 
 
 @app.task(name=names.RUN_JOB, bind=True, max_retries=None, typing=False)
@@ -31,7 +34,9 @@ def run_job(self, *args, **kwargs) -> None:
     Raises:
         celery.exceptions.Reject: the engine is shutting down or the database stayed unreachable;
             the message goes back to the queue.
-        celery.exceptions.Retry: the attempt timed out and the job has attempts left.
+        celery.exceptions.Retry: the attempt timed out and the job has attempts left, the job
+            runs elsewhere under a live lease, or an unexpected error (then after a backoff of
+            1, 2, 4 ... up to ``MAX_ERROR_BACKOFF_S`` seconds).
     """
     runtime = get_runtime()
     try:
@@ -41,7 +46,12 @@ def run_job(self, *args, **kwargs) -> None:
                     queue=(self.request.delivery_info or {}).get("routing_key"), task=self.name,
                     message_id=self.request.id)
         return
-    attempt = run_attempt(runtime, job_id, worker=self.request.hostname or "")
+    try:
+        attempt = run_attempt(runtime, job_id, worker=self.request.hostname or "")
+    except Exception as exc:  # never ack without a stored outcome: back to the queue, later
+        countdown_s = get_exponential_backoff_interval(1, self.request.retries, MAX_ERROR_BACKOFF_S)
+        logger.exception("job %s: unexpected error; published again in %ds", job_id, countdown_s)
+        raise self.retry(countdown=countdown_s, exc=exc)
     logger.info("job %s: %s", job_id, attempt.reason)
     if attempt.outcome == Outcome.REQUEUE:
         logger.warning("job %s back to the queue: %s", job_id, attempt.reason)
@@ -64,15 +74,27 @@ def sweep() -> int:
 
 
 @app.task(name=names.ENRICH_CATALOG)
-def enrich_catalog(catalog_path: str) -> None:
-    """Enqueue one enrichment batch for the catalog at ``catalog_path`` (the nightly beat entry)."""
+def enrich_catalog(catalog_path: str, slot: str | None = None) -> None:
+    """Enqueue the enrichment batch of the catalog at ``catalog_path`` for one scheduled slot
+    (the nightly beat entry). One batch per catalog and slot, whatever beats or redeliveries
+    happen: the batch's idempotency key is the catalog's absolute path and the slot, the latest
+    ``WEIR_CATALOG_SCHEDULE`` time at or before the task's start (or ``slot``, an ISO time). The
+    task runs on the control queue, so it starts within seconds of the beat, not behind a backlog.
+    """
     from jobs.catalog import enqueue_catalog, read_catalog
     from jobs.client import Client
+    from jobs.db import utcnow
+    from worker.beat import nightly_key, schedule_slot
 
+    settings = get_settings()
+    if slot is None:
+        slot = schedule_slot(settings.worker.catalog_schedule, utcnow()).isoformat()
+    key = nightly_key(catalog_path, slot)
     catalog = read_catalog(catalog_path)
-    client = Client(get_settings())
+    client = Client(settings)
     try:
-        batch_id = enqueue_catalog(client, catalog)
+        batch_id = enqueue_catalog(client, catalog, idempotency_key=key)
     finally:
         client.close()
-    logger.info("catalog %s: enrichment batch %s enqueued", catalog_path, batch_id)
+    logger.info("catalog %s, slot %s: enrichment batch %s", catalog_path, slot, batch_id)
+

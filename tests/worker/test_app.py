@@ -17,14 +17,14 @@ def test_a_visibility_timeout_shorter_than_one_delivery_is_named():
     ]
 
 
-def test_a_sweeper_deadline_below_the_visibility_timeout_is_named():
-    settings = WorkerSettings(visibility_timeout_s=3600, sweep_after_s=60)
-    assert settings.sweep_deadline_s == 60
+def test_a_lease_shorter_than_two_renewals_is_named():
+    settings = WorkerSettings(lease_s=4, cancel_poll_interval_s=2)
     assert settings.delivery_problems() == [
-        "WEIR_SWEEP_AFTER_S=60 is below WEIR_VISIBILITY_TIMEOUT_S=3600: "
-        "the sweeper will re-publish jobs Redis still holds"
+        "WEIR_LEASE_S=4 is not above 2 * WEIR_CANCEL_POLL_INTERVAL_S = 4: "
+        "leases of running jobs would expire between renewals"
     ]
-    assert WorkerSettings(visibility_timeout_s=900).sweep_deadline_s == 900
+    assert WorkerSettings().sweep_deadline_s == 60
+    assert WorkerSettings(sweep_after_s=5).sweep_deadline_s == 5
 
 
 def test_expired_messages_are_looked_for_every_quarter_visibility_timeout_at_most_10_s():

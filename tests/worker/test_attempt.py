@@ -115,9 +115,14 @@ def test_a_result_the_database_refuses_for_good_becomes_a_failure_not_a_running_
             _, [job] = store.create_batch(session, [GenerateRequest(prompt="p")], model="tiny")
         with session_factory.begin() as session:
             job = store.claim_job(session, job.id)
+        from worker.group_commit import GroupCommitter
+
+        writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
+                                model_name=lambda: "tiny", retry_timeout_s=5)
         # finish_reason is VARCHAR(16): Postgres refuses this value, and would every time.
-        attempt._store(stand_in(session_factory), job, JobResult(status=JobStatus.SUCCEEDED, output_text="x",
-                                                                  finish_reason="a-reason-far-too-long"))
+        assert attempt._store(writer, job, JobResult(status=JobStatus.SUCCEEDED, output_text="x",
+                                                     finish_reason="a-reason-far-too-long")) is True
+        writer.close()
         with session_factory() as session:
             stored = store.list_jobs(session, job.batch_id)[0]
             batch = store.get_batch(session, job.batch_id)
@@ -129,9 +134,16 @@ def test_a_result_the_database_refuses_for_good_becomes_a_failure_not_a_running_
         engine.dispose()
 
 
-def test_poll_for_cancel_treats_a_lost_database_as_not_cancelled():
-    class Down:
-        def __call__(self):
-            raise lost_connection()
+def test_pool_timeout_read_only_failover_and_lock_timeout_are_transient():
+    import psycopg
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-    assert attempt._is_cancelled(stand_in(Down()), uuid.uuid4()) is False
+    read_only = psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction")
+    lock_timeout = psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+    deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
+    assert is_transient(PoolTimeout("QueuePool limit of size 5 overflow 5 reached"))
+    assert is_transient(DBAPIError.instance("UPDATE jobs", {}, read_only, psycopg.Error))
+    assert is_transient(DBAPIError.instance("UPDATE jobs", {}, lock_timeout, psycopg.Error))
+    assert is_transient(DBAPIError.instance("UPDATE jobs", {}, deadlock, psycopg.Error))
+    unique = psycopg.errors.UniqueViolation("duplicate key")
+    assert not is_transient(DBAPIError.instance("INSERT", {}, unique, psycopg.Error))

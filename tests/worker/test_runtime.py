@@ -51,11 +51,13 @@ def test_a_finished_job_succeeds(runtime):
 
 def test_cancel_while_running_aborts_and_frees_every_block(runtime):
     runtime.llm.reset_prefix_cache()
-    cancelled = threading.Event()
-    threading.Timer(0.2, cancelled.set).start()
+    job = long_job()
+    runtime.hold(job)
+    threading.Timer(0.2, runtime.lease_lost, args=(job.id,)).start()  # what the lease renewer finds
     started = time.monotonic()
-    with pytest.raises(JobCancelled, match="cancelled while running; aborted"):
-        runtime.run(long_job(), is_cancelled=cancelled.is_set)
+    with pytest.raises(JobCancelled, match="cancelled or its lease lost while running; aborted"):
+        runtime.run(job)
+    runtime.drop(job)
     assert time.monotonic() - started < 1.0  # 480 tokens take ~3 s on this model
     runtime.llm.reset_prefix_cache()
     assert usage_when_idle(runtime) == 0.0

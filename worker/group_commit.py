@@ -1,0 +1,283 @@
+"""Group commit: one database transaction for the claims, results and releases of many jobs.
+
+Every task thread of a worker hands its database work to one :class:`GroupCommitter` and waits
+for the outcome. The committer's thread takes what is pending, waits up to
+``WEIR_COMMIT_MAX_WAIT_S`` for more (at most ``WEIR_COMMIT_MAX_JOBS`` operations), and runs them
+all in one transaction: the claims as one guarded ``UPDATE``, the results as one guarded upsert
+with their enrichment rows and one counter update per batch, the releases as one ``UPDATE``.
+Only after that transaction has committed does each waiting thread get its answer, so a task
+acks its message only once its outcome is stored. Database work per job is then a share of one
+transaction instead of two transactions of its own (the group-commit technique of database
+logs, applied to the queue's own writes).
+
+Failures:
+
+- A transient error (lost or refused connection, pool timeout, serialization failure, deadlock,
+  lock or statement timeout, failover to a read-only server; see :func:`is_transient`) retries
+  the whole group with exponential backoff (1, 2, 4, 8, then 10 s) until each operation's own
+  deadline, ``WEIR_DB_RETRY_TIMEOUT_S`` after it was submitted; past it that operation raises
+  :class:`DatabaseUnavailable` and its message goes back to the queue.
+- A non-transient error runs the group's operations one transaction each, so one bad result
+  does not fail the rest; the bad operation raises that error.
+- Each transaction runs under :class:`jobs.db.watchdog`: a database that stops answering fails
+  the transaction after ``WEIR_STATEMENT_TIMEOUT_S`` + 5 s instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from celery.utils.time import get_exponential_backoff_interval
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from jobs import store
+from jobs.db import Job, watchdog
+from jobs.store import Claim, JobResult
+
+logger = logging.getLogger(__name__)
+
+MAX_DB_BACKOFF_S = 10
+WATCHDOG_MARGIN_S = 5.0
+
+# SQLSTATEs that mean "try again, maybe elsewhere": serialization failure, deadlock, lock not
+# available, statement cancelled by timeout, read-only transaction (a failover in progress),
+# admin/crash shutdown, cannot connect now, and every connection exception (class 08).
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "25006", "57P01", "57P02", "57P03"})
+
+
+class DatabaseUnavailable(RuntimeError):
+    """Transient database errors went on for longer than ``WEIR_DB_RETRY_TIMEOUT_S``."""
+
+
+class CommitterStopped(RuntimeError):
+    """The committer was closed before the operation ran."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Database errors worth retrying while the message stays unacked.
+
+    True for a pool timeout (``sqlalchemy.exc.TimeoutError``: every connection busy), every
+    ``OperationalError``/``InterfaceError`` (lost or refused connections, and under psycopg
+    serialization failures, deadlocks, lock and statement timeouts), an error whose connection
+    was invalidated, and any ``DBAPIError`` with a SQLSTATE in :data:`TRANSIENT_SQLSTATES` or of
+    class ``08`` (such as ``25006`` read-only transaction, raised as ``InternalError`` while a
+    failover makes the old primary a replica).
+    """
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout)):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+        return sqlstate in TRANSIENT_SQLSTATES or sqlstate.startswith("08")
+    return False
+
+
+@dataclass
+class _Op:
+    kind: str  # "claim" | "finish" | "release"
+    job_id: uuid.UUID
+    deadline: float
+    job: Optional[Job] = None
+    result: Optional[JobResult] = None
+    future: Future = field(default_factory=Future)
+
+
+class GroupCommitter:
+    """One thread that writes the claims, results and releases of all task threads in groups.
+
+    Args:
+        session_factory: a SQLAlchemy ``sessionmaker``.
+        worker: this worker's name, stored on claims.
+        lease_s: the lease a claim takes, seconds.
+        max_attempts: a job's most starts (``WEIR_MAX_ATTEMPTS``).
+        model_name: the model name stored on enrichment rows (a callable: known once loaded).
+        retry_timeout_s: how long an operation may wait out transient errors.
+        statement_timeout_s: the database's statement timeout; the watchdog fires this + 5 s.
+        max_jobs: the most operations in one transaction.
+        max_wait_s: how long a group waits for more operations after its first, seconds.
+        is_stopping: True once the worker's shutdown grace period is over (pending operations
+            then fail instead of waiting out a database outage).
+    """
+
+    def __init__(
+        self,
+        session_factory: Any,
+        *,
+        worker: str,
+        lease_s: float,
+        max_attempts: Optional[int],
+        model_name: Callable[[], str],
+        retry_timeout_s: float,
+        statement_timeout_s: float = 30.0,
+        max_jobs: int = 256,
+        max_wait_s: float = 0.005,
+        is_stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.session_factory = session_factory
+        self.worker = worker
+        self.lease_s = lease_s
+        self.max_attempts = max_attempts
+        self.model_name = model_name
+        self.retry_timeout_s = retry_timeout_s
+        self.watchdog_s = statement_timeout_s + WATCHDOG_MARGIN_S
+        self.max_jobs = max_jobs
+        self.max_wait_s = max_wait_s
+        self.is_stopping = is_stopping
+        self.num_transactions = 0
+        self.num_ops = 0
+        self._queue: "queue.Queue[Optional[_Op]]" = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="weir-group-commit", daemon=True)
+        self._thread.start()
+
+    # ---- task-thread side ---------------------------------------------------------------------
+
+    def claim(self, job_id: uuid.UUID) -> Claim:
+        """Claim one job as a lease (see :func:`jobs.store.claim_jobs`); blocks until committed.
+
+        Raises:
+            DatabaseUnavailable: transient errors outlasted ``retry_timeout_s``.
+            Exception: a non-transient database error.
+        """
+        return self._submit(_Op("claim", job_id, self._deadline()))
+
+    def finish(self, job: Job, result: JobResult) -> bool:
+        """Store a claimed job's outcome and its enrichment row; blocks until committed.
+
+        Returns:
+            True when the row took it; False when the claim was stale (the job was cancelled,
+            finished, or taken by another claim after this one's lease expired).
+
+        Raises:
+            DatabaseUnavailable, Exception: as :meth:`claim`.
+        """
+        return self._submit(_Op("finish", job.id, self._deadline(), job=job, result=result))
+
+    def release(self, job: Job) -> bool:
+        """Give a claimed job's lease back unfinished (it becomes ``queued``); blocks until
+        committed. Returns True when it was still held under this claim."""
+        return self._submit(_Op("release", job.id, self._deadline(), job=job))
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is pending, then stop the thread; later calls raise :class:`CommitterStopped`."""
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.retry_timeout_s
+
+    def _submit(self, op: _Op) -> Any:
+        if self._closed:
+            raise CommitterStopped("the worker's database writer is closed")
+        self._queue.put(op)
+        return op.future.result()
+
+    # ---- committer thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                stop = True
+                group = []
+            else:
+                group = [first]
+            wait_until = time.monotonic() + self.max_wait_s
+            while len(group) < self.max_jobs:
+                try:
+                    timeout = wait_until - time.monotonic()
+                    op = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if op is None:
+                    stop = True
+                    break
+                group.append(op)
+            if group:
+                self._run_group(group)
+        while True:  # closed: fail whatever arrived after the last group
+            try:
+                op = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if op is not None:
+                op.future.set_exception(CommitterStopped("the worker's database writer is closed"))
+
+    def _run_group(self, group: list[_Op]) -> None:
+        num_tries = 0
+        while group:
+            try:
+                answers = self._transaction(group)
+            except Exception as exc:
+                if not is_transient(exc):
+                    if len(group) == 1:
+                        group[0].future.set_exception(exc)
+                    else:
+                        logger.warning("a group of %d writes failed (%s); writing them one by one",
+                                       len(group), _first_line(exc))
+                        for op in group:
+                            self._run_group([op])
+                    return
+                delay_s = get_exponential_backoff_interval(1, num_tries, MAX_DB_BACKOFF_S)
+                num_tries += 1
+                now = time.monotonic()
+                waiting = []
+                for op in group:
+                    if now + delay_s > op.deadline or self.is_stopping():
+                        op.future.set_exception(DatabaseUnavailable(
+                            f"job {op.job_id}: {op.kind}: database unreachable for "
+                            f"{self.retry_timeout_s:g}s: {_first_line(exc)}"))
+                    else:
+                        waiting.append(op)
+                group = waiting
+                if group:
+                    logger.warning("transient database error, %d writes retried in %ds (try %d): %s",
+                                   len(group), delay_s, num_tries + 1, _first_line(exc))
+                    time.sleep(delay_s)
+                continue
+            for op, answer in zip(group, answers):
+                op.future.set_result(answer)
+            return
+
+    def _transaction(self, group: list[_Op]) -> list[Any]:
+        """Run one group in one transaction; the answers in the group's order."""
+        finishes = [op for op in group if op.kind == "finish"]
+        releases = [op for op in group if op.kind == "release"]
+        claims = [op for op in group if op.kind == "claim"]
+        with self.session_factory.begin() as session, watchdog(session, self.watchdog_s):
+            written: set[uuid.UUID] = set()
+            if finishes:
+                pairs = [(op.job, op.result) for op in finishes]
+                written = store.record_results(session, pairs)
+                store.record_enrichments(session, [p for p in pairs if p[0].id in written],
+                                         model=self.model_name())
+            released = store.release_jobs(session, [(op.job.id, op.job.attempts) for op in releases])
+            claimed = store.claim_jobs(session, [op.job_id for op in claims], worker=self.worker,
+                                       lease_s=self.lease_s, max_attempts=self.max_attempts)
+        self.num_transactions += 1
+        self.num_ops += len(group)
+        answers = []
+        for op in group:
+            if op.kind == "finish":
+                answers.append(op.job_id in written)
+            elif op.kind == "release":
+                answers.append(op.job_id in released)
+            else:
+                answers.append(claimed[op.job_id])
+        return answers
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
