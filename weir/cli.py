@@ -211,6 +211,21 @@ def cmd_db(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when this host's worker (or beat) answers a ping, 1 with one line on stderr when it
+    does not, 2 without ``WEIR_BROKER_URL`` (:mod:`weir.health`)."""
+    from weir import health
+
+    broker_url = get_settings().worker.broker_url
+    if not broker_url:
+        print(f"weir health {args.process}: WEIR_BROKER_URL is not set", file=sys.stderr)
+        return EXIT_USAGE
+    check = health.check_worker if args.process == "worker" else health.check_beat
+    found = check(broker_url, hostname=args.hostname, timeout_s=args.timeout_s)
+    print(f"weir health {args.process}: {found.message}", file=sys.stdout if found.healthy else sys.stderr)
+    return found.exit_status
+
+
 def cmd_bench(argv: Sequence[str]) -> int:
     """``weir bench cls ...`` hands the rest to ``bench.cls:main`` (W-cls); anything else goes to
     ``bench.run:main`` (W-gen)."""
@@ -261,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
     downgrade = db_commands.add_parser("downgrade", help="migrate down to REVISION ('base': drop all)")
     downgrade.add_argument("revision")
     db.set_defaults(func=cmd_db)
+
+    health = commands.add_parser("health", help="exit 0 when this host's worker or beat answers a ping")
+    health.add_argument("process", choices=["worker", "beat"])
+    health.add_argument("--hostname", default=None,
+                        help="exact node name (default: weir-*@<host> for a worker, celerybeat@<host>)")
+    health.add_argument("--timeout-s", type=float, default=5.0, help="wait this long for the answer")
+    health.set_defaults(func=cmd_health)
 
     commands.add_parser("bench", help="benchmarks: W-gen (bench.run), `bench cls` W-cls (bench.cls)",
                         add_help=False)

@@ -1,0 +1,196 @@
+"""compose.yaml's restart policies, healthchecks and start order, and the ``weir health`` commands
+its healthchecks run, against a real ``weir worker`` and a real ``celery beat`` on real Redis."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+import yaml
+
+from tests.worker.conftest import REPO_ROOT
+from weir.cli import build_parser, cmd_health
+from weir.config import WorkerSettings
+
+LONG_RUNNING = {"redis", "postgres", "worker", "beat"}
+ONE_SHOT = {"migrate"}
+# A Redis database of the test server that no other test's worker uses, so that "any weir worker
+# on this host" sees only the workers these tests start.
+PRIVATE_REDIS_DB = 13
+
+
+@pytest.fixture(scope="module")
+def compose():
+    with open(os.path.join(REPO_ROOT, "compose.yaml"), encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def _duration_s(text: str) -> float:
+    """A compose duration ("5m", "1m30s", "90s") in seconds."""
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    assert parts and any(parts.groups()), f"not a compose duration: {text!r}"
+    hours, minutes, seconds = (int(p or 0) for p in parts.groups())
+    return 3600 * hours + 60 * minutes + seconds
+
+
+def test_every_service_is_either_long_running_or_one_shot(compose):
+    assert set(compose["services"]) == LONG_RUNNING | ONE_SHOT
+
+
+@pytest.mark.parametrize("name", sorted(LONG_RUNNING))
+def test_long_running_services_restart_and_have_a_healthcheck(compose, name):
+    service = compose["services"][name]
+    assert service["restart"] == "unless-stopped"
+    check = service["healthcheck"]
+    assert check["test"][0] in ("CMD", "CMD-SHELL") and len(check["test"]) > 1
+    assert {"interval", "timeout", "retries"} <= set(check)
+
+
+def test_migrate_runs_once(compose):
+    migrate = compose["services"]["migrate"]
+    assert migrate["restart"] == "no"
+    assert "healthcheck" not in migrate
+
+
+def test_healthcheck_commands(compose):
+    services = compose["services"]
+    assert services["redis"]["healthcheck"]["test"] == ["CMD-SHELL", "redis-cli ping | grep -q PONG"]
+    assert services["postgres"]["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    assert services["worker"]["healthcheck"]["test"] == ["CMD", "weir", "health", "worker"]
+    assert services["beat"]["healthcheck"]["test"] == ["CMD", "weir", "health", "beat"]
+    # the beat healthcheck pings beat, which answers only with remote control on
+    assert "--enable-remote-control" in services["beat"]["entrypoint"]
+    for name in ("worker", "beat"):
+        args = build_parser().parse_args(services[name]["healthcheck"]["test"][2:])
+        assert (args.func, args.process) == (cmd_health, name)
+
+
+def test_depends_on_waits_for_health_or_completion(compose):
+    services = compose["services"]
+    expected = {
+        "migrate": {"postgres": "service_healthy"},
+        "worker": {"redis": "service_healthy", "postgres": "service_healthy",
+                   "migrate": "service_completed_successfully"},
+        "beat": {"redis": "service_healthy"},
+    }
+    found = {name: {dep: spec["condition"] for dep, spec in service["depends_on"].items()}
+             for name, service in services.items() if "depends_on" in service}
+    assert found == expected
+
+
+def test_worker_grace_period_outlasts_the_shutdown_timeout(compose):
+    worker = compose["services"]["worker"]
+    shutdown_timeout_s = float(worker["environment"].get(
+        "WEIR_SHUTDOWN_TIMEOUT_S", WorkerSettings.model_fields["shutdown_timeout_s"].default))
+    assert worker["stop_signal"] == "SIGTERM"
+    assert _duration_s(worker["stop_grace_period"]) > shutdown_timeout_s
+
+
+# ---- `weir health` against real processes -----------------------------------------------------
+
+
+def weir_health(*args, broker_url, timeout_s=60):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    if broker_url is not None:
+        env["WEIR_BROKER_URL"] = broker_url
+    return subprocess.run([sys.executable, "-m", "weir", "health", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def assert_unhealthy(done, *phrases):
+    """Exit status 1, nothing on stdout, one line on stderr holding every phrase."""
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    for phrase in phrases:
+        assert phrase in lines[0]
+
+
+@pytest.fixture
+def private_broker_url(redis_url, queue):
+    """``redis_url`` on :data:`PRIVATE_REDIS_DB`; the test queue's keys there go afterwards."""
+    url = urlsplit(redis_url)._replace(path=f"/{PRIVATE_REDIS_DB}").geturl()
+    yield url
+    client = redis.Redis.from_url(url)
+    keys = [queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"]
+    client.delete(*(keys + list(client.scan_iter(f"{queue}*"))))
+
+
+@pytest.mark.integration
+def test_health_worker_passes_while_the_worker_runs(start_worker, private_broker_url):
+    worker = start_worker(WEIR_BROKER_URL=private_broker_url)
+
+    any_on_host = weir_health("worker", broker_url=private_broker_url)
+    exact = weir_health("worker", "--hostname", worker.hostname, broker_url=private_broker_url)
+
+    assert any_on_host.returncode == 0, any_on_host.stderr
+    assert any_on_host.stdout == f"weir health worker: {worker.hostname} answered on {private_broker_url}\n"
+    assert exact.returncode == 0, exact.stderr
+    assert worker.terminate() == 0
+    gone = weir_health("worker", "--timeout-s", "2", broker_url=private_broker_url)
+    assert_unhealthy(gone, f"no answer from weir-*@{os.uname().nodename}", "within 2s")
+
+
+@pytest.mark.integration
+def test_health_worker_fails_without_a_worker(private_broker_url, redis_url):
+    assert_unhealthy(weir_health("worker", "--timeout-s", "1", broker_url=private_broker_url),
+                     "no answer from weir-*@")
+    # pid 0 is no process's, so no worker has this name on the shared database either
+    nobody = f"weir-0@{os.uname().nodename}"
+    assert_unhealthy(weir_health("worker", "--hostname", nobody, "--timeout-s", "1", broker_url=redis_url),
+                     f"no answer from {nobody}")
+
+
+def test_health_fails_when_the_broker_cannot_be_reached():
+    with socket.socket() as probe:  # a port nothing listens on once the probe closes it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for process in ("worker", "beat"):
+        done = weir_health(process, "--timeout-s", "2", broker_url=f"redis://:secret@127.0.0.1:{port}/0")
+        assert_unhealthy(done, f"weir health {process}: cannot reach the broker at redis://:**@127.0.0.1:{port}/0")
+        assert "secret" not in done.stderr
+
+
+def test_health_needs_a_broker_url():
+    done = weir_health("worker", broker_url=None)
+    assert done.returncode == 2
+    assert done.stderr == "weir health worker: WEIR_BROKER_URL is not set\n"
+
+
+@pytest.mark.integration
+def test_health_beat_passes_while_beat_ticks(private_broker_url, queue, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+               WEIR_BROKER_URL=private_broker_url, WEIR_QUEUE=queue)
+    log_path = tmp_path / "beat.log"
+    with open(log_path, "wb") as log:
+        # the compose beat service's command, with a schedule file of its own
+        beat = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "worker.app:app", "beat", "--loglevel", "INFO",
+             "--enable-remote-control", "--max-interval", "1", "--schedule", str(tmp_path / "schedule")],
+            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # beat's control thread connects after the scheduler starts
+            done = weir_health("beat", "--timeout-s", "1", broker_url=private_broker_url)
+            if done.returncode == 0 or time.monotonic() > deadline or beat.poll() is not None:
+                break
+        assert done.returncode == 0, f"{done.stderr}\n{log_path.read_text()[-4000:]}"
+        assert done.stdout == f"weir health beat: celerybeat@{os.uname().nodename} answered on {private_broker_url}\n"
+        beat.send_signal(signal.SIGTERM)
+        beat.wait(30)
+    finally:
+        if beat.poll() is None:
+            beat.kill()
+            beat.wait()
+    assert_unhealthy(weir_health("beat", "--timeout-s", "1", broker_url=private_broker_url),
+                     f"no answer from celerybeat@{os.uname().nodename}")
