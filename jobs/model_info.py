@@ -13,7 +13,7 @@ import os
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, BinaryIO, Optional, Union
+from typing import Any, BinaryIO, Optional, Sequence, Union
 
 from jobs.schemas import ClassifyRequest, JobRequest
 
@@ -21,6 +21,10 @@ GGUF_MAGIC = b"GGUF"
 # GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array are special).
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+EnginePrompt = Union[str, list[dict[str, str]]]
+"""A prompt as ``engine.LLM.encode_prompt`` takes it: raw text, or chat messages."""
 
 
 class PromptTooLongError(ValueError):
@@ -132,7 +136,7 @@ class PromptChecker:
             raise ValueError(f"cannot tell max_model_len of {model_path}: set WEIR_MAX_MODEL_LEN")
         return cls(load_tokenizer(tokenizer or model_path), min(limits))
 
-    def encode(self, prompt: Union[str, list[dict[str, str]]]) -> list[int]:
+    def encode(self, prompt: EnginePrompt) -> list[int]:
         """Token ids of an engine prompt, as ``engine.LLM.encode_prompt`` makes them: a string with
         the tokenizer's special tokens, chat messages through the chat template."""
         if isinstance(prompt, str):
@@ -140,6 +144,31 @@ class PromptChecker:
         return self.tokenizer.apply_chat_template(
             prompt, add_generation_prompt=True, tokenize=True, return_dict=True
         )["input_ids"]
+
+    def num_tokens(self, prompts: Sequence[EnginePrompt]) -> list[int]:
+        """``len(self.encode(p))`` for each prompt, tokenized as one batch.
+
+        Strings are encoded with special tokens; chat messages are rendered by the chat template
+        (generation prompt appended), then encoded without adding special tokens, which is what
+        ``apply_chat_template(tokenize=True)`` does. A fast tokenizer encodes the batch in Rust
+        threads (``tokenizers``' ``encode_batch``), about 40,000 short prompts/s on 2 cores.
+        """
+        texts = [p for p in prompts if isinstance(p, str)]
+        chats = [p for p in prompts if not isinstance(p, str)]
+        text_counts = iter(self._num_tokens(texts, add_special_tokens=True))
+        rendered = self.tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False) if chats else []
+        chat_counts = iter(self._num_tokens(rendered, add_special_tokens=False))
+        return [next(text_counts) if isinstance(p, str) else next(chat_counts) for p in prompts]
+
+    def _num_tokens(self, texts: list[str], *, add_special_tokens: bool) -> list[int]:
+        if not texts:
+            return []
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        # The backend keeps truncation and padding set by earlier calls; counts need neither.
+        if backend is not None and backend.truncation is None and backend.padding is None:
+            encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets
+            return [len(encoding) for encoding in encode_batch(texts, add_special_tokens=add_special_tokens)]
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=add_special_tokens).input_ids]
 
     def num_label_tokens(self, label: str) -> int:
         """Tokens one label adds when scored: its own, plus EOS (the engine scores a full answer)."""
@@ -158,22 +187,55 @@ class PromptChecker:
         Raises:
             PromptTooLongError: the request does not fit; the message gives both numbers.
         """
-        num_prompt_tokens = len(self.encode(request.engine_prompt()))
-        name = request.custom_id or "without custom_id"
-        if num_prompt_tokens >= self.max_model_len:
-            raise PromptTooLongError(
-                f"prompt of request {name} has {num_prompt_tokens} tokens; max_model_len="
-                f"{self.max_model_len} leaves no room for output"
-            )
-        if isinstance(request, ClassifyRequest):
-            if request.label_texts is not None:
-                label_lens = [len(self.tokenizer(t, add_special_tokens=False).input_ids) for t in request.label_texts]
-            else:
-                label_lens = [self.num_label_tokens(label) for label in request.labels]
-            longest = num_prompt_tokens + max(label_lens)
-            if longest > self.max_model_len:
+        return self._check_batch([request], first_index=None)[0]
+
+    def check_batch(self, requests: Sequence[JobRequest], first_index: int = 0) -> list[int]:
+        """:meth:`check` for many requests, with one tokenizer call for the prompts and one for
+        the distinct label texts.
+
+        Args:
+            requests: the requests, in batch order.
+            first_index: the batch index of ``requests[0]`` (errors name the request's index).
+
+        Returns:
+            The number of prompt tokens of each request.
+
+        Raises:
+            PromptTooLongError: for the first request that does not fit; the message gives both
+                numbers, the request's ``custom_id`` and its batch index.
+        """
+        return self._check_batch(requests, first_index)
+
+    def _check_batch(self, requests: Sequence[JobRequest], first_index: Optional[int]) -> list[int]:
+        counts = self.num_tokens([r.engine_prompt() for r in requests])
+        label_lens = self._label_lens([r for r in requests if isinstance(r, ClassifyRequest)])
+        for i, (request, num_prompt_tokens) in enumerate(zip(requests, counts)):
+            name = request.custom_id or "without custom_id"
+            where = "" if first_index is None else f" (batch index {first_index + i})"
+            if num_prompt_tokens >= self.max_model_len:
                 raise PromptTooLongError(
-                    f"prompt plus longest label of request {name} has {longest} tokens, more than "
-                    f"max_model_len={self.max_model_len}"
+                    f"prompt of request {name} has {num_prompt_tokens} tokens; max_model_len="
+                    f"{self.max_model_len} leaves no room for output{where}"
                 )
-        return num_prompt_tokens
+            if isinstance(request, ClassifyRequest):
+                longest = num_prompt_tokens + max(label_lens[key] for key in _label_keys(request))
+                if longest > self.max_model_len:
+                    raise PromptTooLongError(
+                        f"prompt plus longest label of request {name} has {longest} tokens, more than "
+                        f"max_model_len={self.max_model_len}{where}"
+                    )
+        return counts
+
+    def _label_lens(self, requests: Sequence[ClassifyRequest]) -> dict[tuple[str, bool], int]:
+        """Tokens each distinct scored text adds, keyed by (text, is it a label scored with EOS)."""
+        keys = list(dict.fromkeys(key for r in requests for key in _label_keys(r)))
+        num_eos = 0 if self.tokenizer.eos_token_id is None else 1
+        counts = self._num_tokens([text for text, _ in keys], add_special_tokens=False)
+        return {key: n + (num_eos if key[1] else 0) for key, n in zip(keys, counts)}
+
+
+def _label_keys(request: ClassifyRequest) -> list[tuple[str, bool]]:
+    """What the engine scores for each label: ``label_texts`` as given, else each label plus EOS."""
+    if request.label_texts is not None:
+        return [(text, False) for text in request.label_texts]
+    return [(label, True) for label in request.labels]

@@ -25,6 +25,7 @@ nothing else changes and nothing is cut. NaN and Infinity in ``label_probs`` (an
 from __future__ import annotations
 
 import enum
+import json
 import math
 import uuid
 from collections import Counter
@@ -32,7 +33,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Optional, Sequence
 
-from sqlalchemy import String, and_, case, cast, func, literal, or_, select, tuple_, update
+from sqlalchemy import String, and_, case, cast, delete, func, insert, literal, or_, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from jobs.db import (
@@ -112,7 +114,10 @@ def create_batch(
     model: str,
     metadata: Optional[dict[str, Any]] = None,
 ) -> tuple[Batch, list[Job]]:
-    """Add a queued batch and one queued job per request (flushed, not committed).
+    """Add a queued batch and one queued job per request in this session (flushed, not committed).
+
+    The small-batch form of what :meth:`jobs.client.Client.enqueue_batch` does chunk by chunk:
+    :func:`begin_batch`, :func:`add_jobs`, :func:`queue_batch`.
 
     Args:
         requests: validated requests; a request without ``custom_id`` gets its position as one.
@@ -126,32 +131,172 @@ def create_batch(
         ValueError: two requests share a ``custom_id``, or ``metadata`` is not plain JSON (the
             message names the field, see :func:`jobs.schemas.check_json`).
     """
+    batch = begin_batch(session, model=model, metadata=metadata)
+    add_jobs(session, batch.id, requests, first_index=0, model=model, published_at=utcnow())
+    queue_batch(session, batch.id, len(requests))
+    return batch, list_jobs(session, batch.id)
+
+
+def begin_batch(
+    session: Session,
+    *,
+    model: str,
+    metadata: Optional[dict[str, Any]] = None,
+    idempotency_key: Optional[str] = None,
+) -> Batch:
+    """Add a ``validating`` batch with no jobs yet (flushed, not committed).
+
+    No worker claims and no sweeper publishes a job of a ``validating`` batch.
+
+    Raises:
+        ValueError: ``metadata`` is not plain JSON (see :func:`jobs.schemas.check_json`).
+        sqlalchemy.exc.IntegrityError: a batch with ``idempotency_key`` exists (at the flush).
+    """
     check_json(dict(metadata or {}), "batch metadata")
-    custom_ids = [r.custom_id if r.custom_id is not None else str(i) for i, r in enumerate(requests)]
-    seen: set[str] = set()
-    for custom_id in custom_ids:
-        if custom_id in seen:
-            raise ValueError(f"custom_id {custom_id!r} appears more than once in the batch")
-        seen.add(custom_id)
-    now = utcnow()
-    batch = Batch(model=model, num_jobs=len(requests), meta=dict(metadata or {}))
+    batch = Batch(
+        model=model, status=BatchStatus.VALIDATING, num_jobs=0, meta=dict(metadata or {}),
+        idempotency_key=idempotency_key,
+    )
     session.add(batch)
     session.flush()
-    jobs = [
-        Job(
-            batch_id=batch.id,
-            batch_index=i,
-            custom_id=custom_id,
-            kind=JobKind(request.kind),
-            model=model,
-            request=request.model_dump(mode="json", exclude_none=True),
-            published_at=now,  # about to be; the client resets it when publishing fails
-        )
-        for i, (request, custom_id) in enumerate(zip(requests, custom_ids))
-    ]
-    session.add_all(jobs)
-    session.flush()
-    return batch, jobs
+    return batch
+
+
+def batch_with_key(session: Session, idempotency_key: str) -> Optional[Batch]:
+    """The batch created with ``idempotency_key``, if any."""
+    return session.scalar(select(Batch).where(Batch.idempotency_key == idempotency_key))
+
+
+_JOB_COPY_COLUMNS = (
+    "id", "batch_id", "batch_index", "custom_id", "kind", "model", "request", "status", "attempts",
+    "queued_at", "published_at",
+)
+
+
+def add_jobs(
+    session: Session,
+    batch_id: uuid.UUID,
+    requests: Sequence[JobRequest],
+    *,
+    first_index: int,
+    model: str,
+    published_at: Optional[datetime],
+) -> None:
+    """Insert one ``queued`` job per request, at batch indexes ``first_index, first_index + 1, ...``.
+
+    One ``COPY`` on Postgres (about 50,000 rows/s), one ``executemany`` on SQLite, inside a
+    savepoint: on a duplicate ``custom_id`` nothing of this call is kept and the rest of the
+    transaction stands.
+
+    Args:
+        requests: validated requests; one without ``custom_id`` gets its batch index as one.
+        published_at: stored as the jobs' ``published_at`` (when their message is about to be
+            published; None: not yet).
+
+    Raises:
+        ValueError: a ``custom_id`` appears twice among ``requests`` or is already one of the
+            batch's (the message names it and its batch index).
+    """
+    custom_ids = [r.custom_id if r.custom_id is not None else str(first_index + i) for i, r in enumerate(requests)]
+    seen: set[str] = set()
+    for i, custom_id in enumerate(custom_ids):
+        if custom_id in seen:
+            raise _duplicate(custom_id, first_index + i)
+        seen.add(custom_id)
+    now = utcnow()
+    dialect = session.get_bind().dialect
+    try:
+        with session.begin_nested():
+            if dialect.name == "postgresql":
+                _copy_jobs(session, batch_id, requests, custom_ids, first_index, model, now, published_at)
+            else:
+                rows = [
+                    dict(id=uuid.uuid4(), batch_id=batch_id, batch_index=first_index + i, custom_id=custom_id,
+                         kind=JobKind(request.kind), model=model,
+                         request=request.model_dump(mode="json", exclude_none=True),
+                         status=JobStatus.QUEUED, attempts=0, queued_at=now, published_at=published_at)
+                    for i, (request, custom_id) in enumerate(zip(requests, custom_ids))
+                ]
+                session.connection().execute(insert(Job), rows)
+    except (IntegrityError, dialect.dbapi.IntegrityError):
+        taken = set(session.scalars(
+            select(Job.custom_id).where(Job.batch_id == batch_id, Job.custom_id.in_(custom_ids))
+        ))
+        for i, custom_id in enumerate(custom_ids):
+            if custom_id in taken:
+                raise _duplicate(custom_id, first_index + i) from None
+        raise
+
+
+def _copy_jobs(session, batch_id, requests, custom_ids, first_index, model, now, published_at) -> None:
+    cursor = session.connection().connection.dbapi_connection.cursor()
+    try:
+        with cursor.copy(f"COPY {Job.__tablename__} ({', '.join(_JOB_COPY_COLUMNS)}) FROM STDIN") as copy:
+            for i, (request, custom_id) in enumerate(zip(requests, custom_ids)):
+                copy.write_row((
+                    uuid.uuid4(), batch_id, first_index + i, custom_id, request.kind, model,
+                    json.dumps(request.model_dump(mode="json", exclude_none=True)),
+                    JobStatus.QUEUED.value, 0, now, published_at,
+                ))
+    finally:
+        cursor.close()
+
+
+def _duplicate(custom_id: str, index: int) -> ValueError:
+    return ValueError(f"custom_id {custom_id!r} appears more than once in the batch (batch index {index})")
+
+
+def queue_batch(session: Session, batch_id: uuid.UUID, num_jobs: int) -> None:
+    """End a batch's ``validating``: set its ``num_jobs`` and make it ``queued`` (not committed).
+
+    Raises:
+        LookupError: no ``validating`` batch has this id.
+    """
+    result = session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.status == BatchStatus.VALIDATING)
+        .values(status=BatchStatus.QUEUED, num_jobs=num_jobs)
+        .execution_options(synchronize_session="fetch")
+    )
+    if result.rowcount != 1:
+        raise LookupError(f"no validating batch with id {batch_id}")
+
+
+def delete_jobs(session: Session, batch_id: uuid.UUID, *, below_index: int) -> int:
+    """Delete the batch's jobs of batch index below ``below_index`` (not committed); returns how many.
+
+    A large batch is deleted page by page, each page its own short transaction, ahead of
+    :func:`delete_batch` (which would otherwise cascade to every job in one statement).
+    """
+    result = session.execute(
+        delete(Job).where(Job.batch_id == batch_id, Job.batch_index < below_index)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount
+
+
+def delete_batch(session: Session, batch_id: uuid.UUID) -> None:
+    """Delete a batch and (by ``ON DELETE CASCADE``) its jobs (not committed); no such batch is a no-op."""
+    session.execute(delete(Batch).where(Batch.id == batch_id).execution_options(synchronize_session=False))
+
+
+def stamp_published(
+    session: Session, batch_id: uuid.UUID, first_index: int, num_jobs: int, when: Optional[datetime]
+) -> list[uuid.UUID]:
+    """Set ``published_at`` to ``when`` for the batch's jobs of batch index ``first_index`` to
+    ``first_index + num_jobs - 1`` (not committed); the batch is published page by page this way.
+
+    Returns:
+        Their ids in batch-index order.
+    """
+    stmt = (
+        update(Job)
+        .where(Job.batch_id == batch_id, Job.batch_index >= first_index, Job.batch_index < first_index + num_jobs)
+        .values(published_at=when)
+        .returning(Job.batch_index, Job.id)
+        .execution_options(synchronize_session=False)
+    )
+    return [job_id for _, job_id in sorted(session.execute(stmt).all())]
 
 
 class ClaimStatus(str, enum.Enum):
@@ -736,4 +881,16 @@ def get_batch(session: Session, batch_id: uuid.UUID) -> Batch:
 def list_jobs(session: Session, batch_id: uuid.UUID) -> list[Job]:
     """A batch's jobs in submission order."""
     stmt = select(Job).where(Job.batch_id == batch_id).order_by(Job.batch_index)
+    return list(session.execute(stmt).scalars())
+
+
+def jobs_page(session: Session, batch_id: uuid.UUID, *, first_index: int, limit: int) -> list[Job]:
+    """Up to ``limit`` of a batch's jobs from batch index ``first_index`` on, in submission order
+    (one range scan of the ``(batch_id, batch_index)`` index: a keyset page)."""
+    stmt = (
+        select(Job)
+        .where(Job.batch_id == batch_id, Job.batch_index >= first_index)
+        .order_by(Job.batch_index)
+        .limit(limit)
+    )
     return list(session.execute(stmt).scalars())

@@ -73,7 +73,8 @@ def test_batch_metadata_that_is_not_json_is_refused_naming_the_field(client, cel
 def test_json_metadata_round_trips_exactly(client):
     metadata = {"f": 0.1, "i": -(2**63), "s": "é\u200f", "l": [None, True, {"k": []}]}
     batch_id = client.enqueue_batch([GenerateRequest(prompt="ok", metadata=metadata)], metadata=metadata)
-    assert client.results(batch_id)[0]["metadata"] == metadata
+    [row] = client.results(batch_id)
+    assert row["metadata"] == metadata
     assert client.batch_status(batch_id).metadata == metadata
 
 

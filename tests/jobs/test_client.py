@@ -1,5 +1,7 @@
-"""The client validates everything before it writes, commits rows before it publishes, and
-publishes one message per job carrying only the job id, by task name, to the model's queue."""
+"""The client reaches the broker before it writes, validates and stores a batch chunk by chunk
+while the batch is ``validating`` (an error leaves nothing), publishes only once every row is
+committed, one message per job carrying only the job id, by task name, to the model's queue, and
+streams results back in submission order."""
 
 import threading
 import uuid
@@ -8,9 +10,10 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
+from jobs import client as client_module
 from jobs import names, store
-from jobs.client import BrokerNotConfigured, Client
-from jobs.db import BatchStatus, Job, JobStatus
+from jobs.client import BrokerNotConfigured, BrokerUnreachable, Client, PublishError
+from jobs.db import Batch, BatchStatus, Job, JobStatus
 from jobs.model_info import PromptTooLongError
 from jobs.schemas import ClassifyRequest, GenerateRequest
 from jobs.store import JobResult
@@ -159,10 +162,12 @@ def test_unknown_batch(client):
 def test_cancel(client):
     batch_id = client.enqueue_batch([GenerateRequest(prompt="a")])
     assert client.cancel(batch_id).status == BatchStatus.CANCELLED
-    assert client.results(batch_id)[0]["status"] == "cancelled"
+    [row] = client.results(batch_id)
+    assert row["status"] == "cancelled"
 
 
-def test_broker_down_at_publish_raises_and_the_sweeper_publishes_later(postgres_url, tiny_model_dir, queue, celery_app):
+def test_broker_down_at_publish_raises_and_the_sweeper_publishes_later(
+        postgres_url, tiny_model_dir, queue, celery_app, monkeypatch):
     from jobs.client import PublishError
 
     settings = Settings(
@@ -170,6 +175,7 @@ def test_broker_down_at_publish_raises_and_the_sweeper_publishes_later(postgres_
         worker=WorkerSettings(queue=queue, broker_url="redis://127.0.0.1:1/0"),
         database=DatabaseSettings(database_url=postgres_url),
     )
+    monkeypatch.setattr(client_module, "_check_broker", lambda app: None)  # it answered, then went away
     down = Client(settings)
     with pytest.raises(PublishError, match=r"is stored but 2 jobs were not published .*`weir sweep`") as info:
         down.enqueue_batch([GenerateRequest(prompt="a"), GenerateRequest(prompt="b")])
@@ -197,3 +203,176 @@ def test_sweep_leaves_a_backlog_alone_and_takes_queued_jobs_once_the_queue_is_em
     assert {j.id for j in client.jobs(batch_id)} <= queued
     assert client.sweep(older_than_s=0) == len(queued)
     assert sorted(args[0] for _, args, _ in published(celery_app, queue)) == sorted(str(i) for i in queued)
+
+
+# ---- streaming: broker first, chunks while validating, nothing left on error ---------------------
+
+
+def new_batches(client, before):
+    """(status, num_jobs, jobs stored) of each batch not in ``before``."""
+    with client.session_factory() as session:
+        batches = session.execute(select(Batch.id, Batch.status, Batch.num_jobs).where(Batch.id.not_in(before))).all()
+        return [(status.value, num_jobs, session.scalar(select(func.count()).select_from(Job).where(Job.batch_id == id_)))
+                for id_, status, num_jobs in batches]
+
+
+def batch_ids(client):
+    with client.session_factory() as session:
+        return set(session.scalars(select(Batch.id)))
+
+
+def requests(n):
+    return [GenerateRequest(prompt=f"p{i}", custom_id=f"c{i}") for i in range(n)]
+
+
+def test_a_wrong_broker_url_stores_nothing_and_says_so_in_one_line(postgres_url, tiny_model_dir, queue):
+    settings = Settings(
+        engine=EngineSettings(model=tiny_model_dir),
+        worker=WorkerSettings(queue=queue, broker_url="redis://127.0.0.1:1/0"),
+        database=DatabaseSettings(database_url=postgres_url),
+    )
+    client = Client(settings)
+    before, num_jobs = batch_ids(client), count_jobs(client)
+    read = []
+
+    def generate():
+        for i, request in enumerate(requests(10)):
+            read.append(i)
+            yield request
+
+    with pytest.raises(BrokerUnreachable) as info:
+        client.enqueue_batch(generate(), chunk_size=2)
+    message = str(info.value)
+    assert "\n" not in message and info.value.__suppress_context__
+    assert message.startswith("cannot reach the broker at redis://127.0.0.1:1/0 (")
+    assert message.endswith("); nothing was stored")
+    assert read == [0]  # only the peek for an empty batch: nothing validated
+    assert new_batches(client, before) == [] and count_jobs(client) == num_jobs
+    client.close()
+
+
+@pytest.mark.parametrize("bad_index, bad, error, match", [
+    (3, {"kind": "classify", "prompt": "x", "labels": []}, ValidationError, "labels"),
+    (4, GenerateRequest(prompt="word " * 600, custom_id="long"), PromptTooLongError,
+     r"prompt of request long has \d+ tokens; max_model_len=512 leaves no room for output \(batch index 4\)"),
+    (5, GenerateRequest(prompt="again", custom_id="c1"), ValueError,
+     r"custom_id 'c1' appears more than once in the batch \(batch index 5\)"),
+])
+def test_an_error_in_a_later_chunk_deletes_the_stored_chunks_and_publishes_nothing(
+        client, celery_app, queue, bad_index, bad, error, match):
+    before, num_jobs = batch_ids(client), count_jobs(client)
+    seen = []
+
+    def generate():
+        for i in range(6):
+            seen.append(new_batches(client, before))
+            yield bad if i == bad_index else GenerateRequest(prompt=f"p{i}", custom_id=f"c{i}")
+
+    with pytest.raises(error, match=match) as info:
+        client.enqueue_batch(generate(), chunk_size=2)  # 3 chunks
+    if error is ValidationError:
+        assert info.value.__notes__ == ["request at batch index 3"]
+    assert seen[bad_index] == [("validating", 0, 2 * (bad_index // 2))]  # earlier chunks were stored
+    assert new_batches(client, before) == [] and count_jobs(client) == num_jobs
+    assert published(celery_app, queue) == []
+
+
+def test_a_batch_stays_validating_until_every_job_is_stored(client, celery_app, queue):
+    before = batch_ids(client)
+    seen = []
+
+    def generate():
+        for request in requests(5):
+            seen.append((new_batches(client, before), client.num_waiting_messages()))
+            yield request
+
+    batch_id = client.enqueue_batch(generate(), chunk_size=2)
+    assert seen == [
+        ([], 0),  # the first request is read before the batch row exists
+        ([("validating", 0, 0)], 0),
+        ([("validating", 0, 2)], 0),
+        ([("validating", 0, 2)], 0),
+        ([("validating", 0, 4)], 0),
+    ]
+    assert new_batches(client, before) == [("queued", 5, 5)]
+    jobs = client.jobs(batch_id)
+    assert [args for _, args, _ in published(celery_app, queue)] == [[str(j.id)] for j in jobs]
+    assert all(j.published_at is not None for j in jobs)
+
+
+def test_an_idempotency_key_enqueues_one_batch(client, celery_app, queue):
+    key = f"nightly-{uuid.uuid4().hex}"
+    first = client.enqueue_batch(requests(2), idempotency_key=key)
+    read = []
+
+    def generate():
+        for i, request in enumerate(requests(3)):
+            read.append(i)
+            yield request
+
+    assert client.enqueue_batch(generate(), idempotency_key=key) == first
+    assert read == [0]
+    with client.session_factory() as session:
+        assert session.scalars(select(Batch.id).where(Batch.idempotency_key == key)).all() == [first]
+    assert len(client.jobs(first)) == 2
+    assert len(published(celery_app, queue)) == 2
+
+
+def test_an_idempotency_key_taken_meanwhile_returns_the_other_batch(client, celery_app, queue):
+    """The race on the key: the second producer's insert hits the unique constraint."""
+    key = f"nightly-{uuid.uuid4().hex}"
+    second = []
+
+    def generate():
+        yield GenerateRequest(prompt="a")
+        # The first batch's row is committed, still validating: another producer comes now.
+        second.append(client.enqueue_batch(requests(3), idempotency_key=key))
+        yield GenerateRequest(prompt="b")
+
+    first = client.enqueue_batch(generate(), idempotency_key=key)
+    assert second == [first]
+    assert [j.request["prompt"] for j in client.jobs(first)] == ["a", "b"]
+    assert len(published(celery_app, queue)) == 2
+
+
+def test_results_stream_in_submission_order(client):
+    custom_ids = ["z", "b", "y", "a", "x", "c", "w"]
+    batch_id = client.enqueue_batch([GenerateRequest(prompt="p", custom_id=c) for c in custom_ids], chunk_size=3)
+    results = client.results(batch_id, page_size=2)
+    assert iter(results) is results  # a generator, read page by page
+    assert [r["custom_id"] for r in results] == custom_ids
+    assert [j.batch_index for j in client.iter_jobs(batch_id, page_size=3)] == list(range(7))
+    assert list(client.results(uuid.uuid4())) == []
+
+
+def test_a_publish_that_fails_part_way_marks_only_the_rest_unpublished(client, celery_app, queue, monkeypatch):
+    from jobs.publisher import JobPublisher
+
+    calls = []
+    publish = JobPublisher.publish
+
+    def fail_second(self, job_ids):
+        calls.append(len(job_ids))
+        if len(calls) == 2:
+            raise ConnectionError("broker gone")
+        publish(self, job_ids)
+
+    monkeypatch.setattr(JobPublisher, "publish", fail_second)
+    with pytest.raises(PublishError, match=r"is stored but 3 jobs were not published \(ConnectionError: broker gone\)") as info:
+        client.enqueue_batch(requests(5), chunk_size=2)
+    assert calls == [2, 2]
+    jobs = client.jobs(info.value.batch_id)
+    assert [j.published_at is not None for j in jobs] == [True, True, False, False, False]
+    assert [args for _, args, _ in published(celery_app, queue)] == [[str(jobs[0].id)], [str(jobs[1].id)]]
+
+
+def test_batch_length_checks_count_as_single_checks(client):
+    checker = client.prompt_checker
+    batch = [
+        GenerateRequest(prompt="Product: Green Tea\nBrand: Leafy"),
+        GenerateRequest(prompt="Hello", system_prompt="Be brief."),
+        ClassifyRequest(prompt=[{"role": "user", "content": "Tea?"}], labels=["yes", "no"]),
+        ClassifyRequest(prompt="Tea?", labels=["a", "b"], label_texts=[" yes", " no"]),
+    ]
+    assert checker.check_batch(batch) == [checker.check(r) for r in batch] == [
+        len(checker.encode(r.engine_prompt())) for r in batch]
