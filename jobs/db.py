@@ -159,8 +159,9 @@ class Job(Base):
 
     ``batch_index`` is the request's position in the batch (results come back in submission order).
     ``attempts`` counts the times a worker started it; ``worker`` and ``claimed_at`` are the latest
-    start's. A claim is a lease: ``worker`` holds the job until ``lease_expires_at`` (renewed while
-    it runs), and the claim's ``attempts`` value is its fencing token: a write carrying an older
+    start's (a start cut short by an engine failure, not the job's fault, is given back). A claim
+    is a lease: ``worker`` holds the job until ``lease_expires_at`` (renewed while it runs), and
+    ``lease_token``, one more with every claim, is its fencing token: a write carrying an older
     token changes nothing. ``published_at`` is when its message was last published (null: not
     yet). Result columns stay null until it finishes.
     """
@@ -203,6 +204,7 @@ class Job(Base):
     worker: Mapped[Optional[str]] = mapped_column(String(200))
     claimed_at: Mapped[Optional[datetime]]
     lease_expires_at: Mapped[Optional[datetime]]
+    lease_token: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     published_at: Mapped[Optional[datetime]]
 
 
@@ -268,7 +270,6 @@ def _configure_sqlite(engine: Engine) -> None:
 
 
 DEFAULT_POOL_SIZE = 5
-POOL_TIMEOUT_S = 30
 
 
 def make_engine(
@@ -278,6 +279,7 @@ def make_engine(
     statement_timeout_s: float = 30.0,
     lock_timeout_s: float = 10.0,
     pool_size: Optional[int] = None,
+    pool_timeout_s: float = 30.0,
     **kwargs: Any,
 ) -> Engine:
     """Create a SQLAlchemy engine for ``url`` (``postgresql+psycopg://...`` or ``sqlite:///path``).
@@ -288,9 +290,10 @@ def make_engine(
     user timeout, so a database that vanishes fails a call within about those times instead of
     hanging a thread. A database that keeps the connection open but never answers (a stuck proxy)
     is caught by :func:`watchdog`. The pool keeps ``pool_size`` connections (default
-    ``DEFAULT_POOL_SIZE``: the worker's writes all go through one group-commit thread plus the
-    lease renewer and the consumer) with as many again as overflow; waiting for one longer than
-    ``POOL_TIMEOUT_S`` raises ``sqlalchemy.exc.TimeoutError``, which workers treat as transient.
+    ``DEFAULT_POOL_SIZE``: a worker's task threads never touch the database themselves; its writes
+    go through one group-commit thread, plus the lease renewer, dead letters and control tasks)
+    with as many again as overflow; waiting for one longer than ``pool_timeout_s`` raises
+    ``sqlalchemy.exc.TimeoutError``, which workers treat as transient.
     SQLite connections run in WAL mode with a busy timeout and ``BEGIN IMMEDIATE`` transactions,
     so many task threads can write one file.
 
@@ -317,7 +320,7 @@ def make_engine(
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", size)
     kwargs.setdefault("max_overflow", size)
-    kwargs.setdefault("pool_timeout", POOL_TIMEOUT_S)
+    kwargs.setdefault("pool_timeout", pool_timeout_s)
     return create_engine(url, connect_args=connect_args, **kwargs)
 
 
@@ -326,7 +329,7 @@ def engine_for(settings: Any, **kwargs: Any) -> Engine:
     return make_engine(
         settings.url(), connect_timeout_s=settings.connect_timeout_s,
         statement_timeout_s=settings.statement_timeout_s, lock_timeout_s=settings.lock_timeout_s,
-        pool_size=settings.pool_size, **kwargs,
+        pool_size=settings.pool_size, pool_timeout_s=settings.pool_timeout_s, **kwargs,
     )
 
 

@@ -316,7 +316,7 @@ class ClaimStatus(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Claim:
-    """One job's claim. ``job`` (CLAIMED only) is the row as claimed; its ``attempts`` is the
+    """One job's claim. ``job`` (CLAIMED only) is the row as claimed; its ``lease_token`` is the
     lease's fencing token. ``lease_expires_at`` (CLAIMED and HELD) is when the lease runs out."""
 
     status: ClaimStatus
@@ -347,8 +347,8 @@ def claim_jobs(
     """Claim many jobs in one transaction, each as a lease; the batch rows are never locked.
 
     A job is claimable when it is ``queued``, or ``running`` under a lease that has expired (its
-    holder died or lost the database). Claiming sets ``running``, increments ``attempts`` (the new
-    value is the fencing token every later write of this attempt must carry), and stamps
+    holder died or lost the database). Claiming sets ``running``, increments ``attempts`` and
+    ``lease_token`` (the fencing token every later write of this claim must carry), and stamps
     ``worker``, ``claimed_at`` and ``lease_expires_at = now + lease_s``. Concurrent claims of one
     job serialize on its row: exactly one of them gets it. A claimable job already started
     ``max_attempts`` times is a poison job and ends ``failed`` instead, with its batch's counters.
@@ -392,6 +392,7 @@ def claim_jobs(
         .values(
             status=JobStatus.RUNNING,
             attempts=Job.attempts + 1,
+            lease_token=Job.lease_token + 1,
             started_at=func.coalesce(Job.started_at, now),
             claimed_at=now,
             lease_expires_at=expires,
@@ -456,7 +457,7 @@ def renew_leases(
     stmt = (
         update(Job)
         .where(
-            tuple_(Job.id, Job.attempts).in_(list(leases)),
+            tuple_(Job.id, Job.lease_token).in_(list(leases)),
             Job.status == JobStatus.RUNNING,
             Job.worker == worker if worker is not None else Job.worker.is_(None),
         )
@@ -467,11 +468,18 @@ def renew_leases(
     return set(session.execute(stmt).scalars())
 
 
-def release_jobs(session: Session, leases: Sequence[tuple[uuid.UUID, int]], *, republish_at: Optional[datetime] = None) -> set[uuid.UUID]:
+def release_jobs(
+    session: Session,
+    leases: Sequence[tuple[uuid.UUID, int]],
+    *,
+    republish_at: Optional[datetime] = None,
+    refund_attempt: bool = False,
+) -> set[uuid.UUID]:
     """Give leases back unfinished: each job still held under its token becomes ``queued`` again,
     so the message that goes back to the queue (or a retry's) can claim it at once. Its
-    ``attempts`` keeps the cut-short start. ``published_at`` becomes ``republish_at`` (default
-    now), since its message is about to be queued again.
+    ``attempts`` keeps the cut-short start unless ``refund_attempt`` (the start failed through no
+    fault of the job: an engine step failure). ``published_at`` becomes ``republish_at`` (default
+    now), since its message is about to be queued again. ``lease_token`` is never given back.
 
     Returns:
         The ids released (a job finished or taken by another claim meanwhile is left alone).
@@ -480,8 +488,9 @@ def release_jobs(session: Session, leases: Sequence[tuple[uuid.UUID, int]], *, r
         return set()
     stmt = (
         update(Job)
-        .where(tuple_(Job.id, Job.attempts).in_(list(leases)), Job.status == JobStatus.RUNNING)
-        .values(status=JobStatus.QUEUED, lease_expires_at=None, published_at=republish_at or utcnow())
+        .where(tuple_(Job.id, Job.lease_token).in_(list(leases)), Job.status == JobStatus.RUNNING)
+        .values(status=JobStatus.QUEUED, lease_expires_at=None, published_at=republish_at or utcnow(),
+                attempts=Job.attempts - 1 if refund_attempt else Job.attempts)
         .returning(Job.id)
         .execution_options(synchronize_session=False)
     )
@@ -516,7 +525,7 @@ def record_result(session: Session, job: Job, result: JobResult) -> bool:
 def record_results(session: Session, results: Iterable[tuple[Job, JobResult]]) -> set[uuid.UUID]:
     """Store many jobs' outcomes in one statement, with their batches' counters.
 
-    Each ``job`` is the row as claimed: its ``attempts`` is the claim's fencing token. A job's
+    Each ``job`` is the row as claimed: its ``lease_token`` is the claim's fencing token. A job's
     row takes the outcome only while it is still ``running`` under that same token, so a write
     from a stale attempt (its lease expired and another claim took the job, or the job was
     cancelled, gave up or finished meanwhile) changes nothing: no row, no counter, no enrichment.
@@ -555,13 +564,13 @@ def record_results(session: Session, results: Iterable[tuple[Job, JobResult]]) -
             rows.append(dict(
                 id=job.id, batch_id=job.batch_id, batch_index=job.batch_index, custom_id=job.custom_id,
                 kind=job.kind, model=job.model, request=job.request, attempts=job.attempts,
-                queued_at=job.queued_at, started_at=job.started_at, **values,
+                lease_token=job.lease_token, queued_at=job.queued_at, started_at=job.started_at, **values,
             ))
         stmt = _insert(session, Job).values(rows)
         stmt = stmt.on_conflict_do_update(
             index_elements=[Job.id],
             set_={name: stmt.excluded[name] for name in _RESULT_COLUMNS},
-            where=and_(Job.status == JobStatus.RUNNING, Job.attempts == stmt.excluded.attempts),
+            where=and_(Job.status == JobStatus.RUNNING, Job.lease_token == stmt.excluded.lease_token),
         )
         # RETURNING yields a row only where the guarded update applied: one per real transition.
         for row in session.execute(stmt.returning(Job.id, Job.batch_id)).all():

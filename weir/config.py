@@ -131,7 +131,8 @@ class DatabaseSettings(_WeirSettings):
     connect_timeout_s: int = Field(5, gt=0, description="Postgres connect timeout, seconds")
     statement_timeout_s: float = Field(30.0, gt=0, description="Postgres statement_timeout, seconds")
     lock_timeout_s: float = Field(10.0, gt=0, description="Postgres lock_timeout, seconds")
-    pool_size: Optional[int] = Field(None, gt=0, description="connections kept open; default from the threads using it")
+    pool_size: Optional[int] = Field(None, gt=0, description="connections kept open (as many again as overflow); default 5")
+    pool_timeout_s: float = Field(30.0, gt=0, description="wait this long for a pooled connection, seconds")
 
     def url(self) -> str:
         return self.database_url or f"sqlite:///{self.sqlite_path}"

@@ -148,7 +148,10 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
         except JobCancelled:
             return Attempt(Outcome.DONE, "cancelled or lease lost while running")
         except (EngineStopping, EngineFailed) as exc:
-            _release(writer, job)
+            # An engine failure is not the job's, and a job that never reached the engine did not
+            # start: either start is given back, not counted.
+            refund = isinstance(exc, EngineFailed) or not exc.started
+            _release(writer, job, refund_attempt=refund)
             what = "engine step failed" if isinstance(exc, EngineFailed) else "engine stopping"
             return Attempt(Outcome.REQUEUE, f"{what}: {exc}")
         except JobTimedOut as exc:
@@ -166,11 +169,11 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
         runtime.drop(job)
 
 
-def _release(writer: Any, job: Job) -> None:
+def _release(writer: Any, job: Job, *, refund_attempt: bool = False) -> None:
     """Give the lease back so the requeued message can claim the job at once; should the
     database not answer, the lease expires by itself after ``WEIR_LEASE_S``."""
     try:
-        writer.release(job)
+        writer.release(job, refund_attempt=refund_attempt)
     except Exception as exc:
         logger.warning("job %s: lease not given back (%s); it expires by itself", job.id, exc)
 

@@ -88,6 +88,7 @@ class _Op:
     deadline: float
     job: Optional[Job] = None
     result: Optional[JobResult] = None
+    refund_attempt: bool = False
     future: Future = field(default_factory=Future)
 
 
@@ -162,10 +163,11 @@ class GroupCommitter:
         """
         return self._submit(_Op("finish", job.id, self._deadline(), job=job, result=result))
 
-    def release(self, job: Job) -> bool:
-        """Give a claimed job's lease back unfinished (it becomes ``queued``); blocks until
-        committed. Returns True when it was still held under this claim."""
-        return self._submit(_Op("release", job.id, self._deadline(), job=job))
+    def release(self, job: Job, *, refund_attempt: bool = False) -> bool:
+        """Give a claimed job's lease back unfinished (it becomes ``queued``; see
+        :func:`jobs.store.release_jobs`); blocks until committed. Returns True when it was still
+        held under this claim."""
+        return self._submit(_Op("release", job.id, self._deadline(), job=job, refund_attempt=refund_attempt))
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is pending, then stop the thread; later calls raise :class:`CommitterStopped`."""
@@ -262,7 +264,10 @@ class GroupCommitter:
                 written = store.record_results(session, pairs)
                 store.record_enrichments(session, [p for p in pairs if p[0].id in written],
                                          model=self.model_name())
-            released = store.release_jobs(session, [(op.job.id, op.job.attempts) for op in releases])
+            released = set()
+            for refund in (False, True):
+                leases = [(op.job.id, op.job.lease_token) for op in releases if op.refund_attempt == refund]
+                released |= store.release_jobs(session, leases, refund_attempt=refund)
             claimed = store.claim_jobs(session, [op.job_id for op in claims], worker=self.worker,
                                        lease_s=self.lease_s, max_attempts=self.max_attempts)
         self.num_transactions += 1

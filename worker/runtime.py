@@ -29,7 +29,12 @@ and its messages go to other workers meanwhile."""
 
 
 class EngineStopping(RuntimeError):
-    """The engine no longer takes requests: the worker is shutting down."""
+    """The engine no longer takes requests: the worker is shutting down. ``started``: whether the
+    job had reached the engine (a start cut short) or not (then it never ran)."""
+
+    def __init__(self, message: str, *, started: bool = True) -> None:
+        super().__init__(message)
+        self.started = started
 
 
 class JobTimedOut(RuntimeError):
@@ -117,7 +122,7 @@ class WorkerRuntime:
     def hold(self, job: Job) -> None:
         """Register a claimed job's lease, renewed from now on until :meth:`drop`."""
         with self._running_lock:
-            self._leases[job.id] = [job.attempts, None]
+            self._leases[job.id] = [job.lease_token, None]
 
     def drop(self, job: Job) -> None:
         with self._running_lock:
@@ -232,7 +237,7 @@ class WorkerRuntime:
             JobCancelled: the job was cancelled or its lease lost; the request was aborted.
         """
         if self._stopping:
-            raise EngineStopping("the engine is shutting down")
+            raise EngineStopping("the engine is shutting down", started=False)
         timeout_s = self.settings.worker.job_timeout_s if timeout_s is None else timeout_s
         try:
             request = parse_request(job.request)

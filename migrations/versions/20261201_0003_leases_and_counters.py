@@ -1,7 +1,8 @@
 """Leases, transactional batch counters, nightly slots, enrichment ordering, a validating state.
 
-- ``jobs.lease_expires_at``: a claim is a lease held by ``jobs.worker`` until this time; the
-  claim's ``attempts`` value is its fencing token (a write from an older attempt changes nothing).
+- ``jobs.lease_expires_at``, ``jobs.lease_token``: a claim is a lease held by ``jobs.worker``
+  until this time; ``lease_token`` grows by one with every claim and is the claim's fencing token
+  (a write carrying an older token changes nothing).
 - ``batches.idempotency_key``: unique; one batch per catalog per scheduled slot.
 - ``batches.status`` gains ``validating`` (a batch still being stored; no message is published
   for it yet).
@@ -41,6 +42,7 @@ def _one_of(column: str, values: Sequence[str]) -> str:
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column("lease_token", sa.Integer(), nullable=False, server_default="0"))
         batch.create_unique_constraint(op.f("uq_jobs_batch_id_batch_index"), ["batch_id", "batch_index"])
     op.create_index("ix_jobs_status_lease_expires_at", "jobs", ["status", "lease_expires_at"])
     with op.batch_alter_table("batches") as batch:
@@ -64,4 +66,5 @@ def downgrade() -> None:
     op.drop_index("ix_jobs_status_lease_expires_at", table_name="jobs")
     with op.batch_alter_table("jobs") as batch:
         batch.drop_constraint(op.f("uq_jobs_batch_id_batch_index"), type_="unique")
+        batch.drop_column("lease_token")
         batch.drop_column("lease_expires_at")

@@ -111,16 +111,16 @@ def test_a_stale_attempt_changes_nothing(session_factory):
         stale = store.claim_job(session, job_ids[0], worker="dead", lease_s=0)
     with session_factory.begin() as session:  # the lease expired; another worker takes the job
         fresh = store.claim_job(session, job_ids[0], worker="alive", lease_s=60)
-    assert (stale.attempts, fresh.attempts) == (1, 2)
+    assert (stale.attempts, fresh.attempts, stale.lease_token, fresh.lease_token) == (1, 2, 1, 2)
     with session_factory.begin() as session:
-        assert store.renew_leases(session, [(job_ids[0], 1)], worker="dead", lease_s=60) == set()
+        assert store.renew_leases(session, [(job_ids[0], stale.lease_token)], worker="dead", lease_s=60) == set()
         assert store.record_result(session, stale, ok("stale")) is False
         assert store.record_enrichment(session, stale, ok("stale"), model="tiny") is True  # unguarded alone
         session.rollback()
     batch, jobs = load(session_factory, batch_id)
     assert (jobs[0].status, jobs[0].output_text, batch.num_succeeded) == (JobStatus.RUNNING, None, 0)
     with session_factory.begin() as session:
-        assert store.renew_leases(session, [(job_ids[0], 2)], worker="alive", lease_s=60) == {job_ids[0]}
+        assert store.renew_leases(session, [(job_ids[0], fresh.lease_token)], worker="alive", lease_s=60) == {job_ids[0]}
         assert store.record_result(session, fresh, ok("fresh")) is True
         assert store.record_result(session, stale, ok("stale")) is False
     batch, jobs = load(session_factory, batch_id)
@@ -133,10 +133,16 @@ def test_a_released_job_is_claimed_at_once(session_factory):
     with session_factory.begin() as session:
         job = store.claim_job(session, job_ids[0], worker="w1", lease_s=60)
     with session_factory.begin() as session:
-        assert store.release_jobs(session, [(job.id, job.attempts)]) == {job.id}
-        assert store.release_jobs(session, [(job.id, job.attempts)]) == set()  # no longer held
+        assert store.release_jobs(session, [(job.id, job.lease_token)]) == {job.id}
+        assert store.release_jobs(session, [(job.id, job.lease_token)]) == set()  # no longer held
     with session_factory.begin() as session:
-        assert store.claim_job(session, job_ids[0], worker="w2", lease_s=60).attempts == 2
+        again = store.claim_job(session, job_ids[0], worker="w2", lease_s=60)
+    assert (again.attempts, again.lease_token) == (2, 2)
+    with session_factory.begin() as session:  # an engine failure: the start is given back
+        assert store.release_jobs(session, [(again.id, again.lease_token)], refund_attempt=True) == {again.id}
+    with session_factory.begin() as session:
+        third = store.claim_job(session, job_ids[0], worker="w3", lease_s=60)
+    assert (third.attempts, third.lease_token) == (2, 3)
 
 
 def test_reconcile_repairs_counters_changed_by_hand(session_factory):

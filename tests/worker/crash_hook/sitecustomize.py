@@ -1,20 +1,47 @@
-"""Fault-test hook, imported at start by a worker whose PYTHONPATH begins with this folder: with
-``WEIR_TEST_CRASH_MARKER`` set, the worker process SIGKILLs itself when it starts a job whose
-prompt contains the marker (a job that crashes the worker every time)."""
+"""Fault-test hooks, imported at start by a worker whose PYTHONPATH begins with this folder:
+
+- ``WEIR_TEST_CRASH_MARKER``: the worker process SIGKILLs itself when it starts a job whose
+  prompt contains the marker (a job that crashes the worker every time).
+- ``WEIR_TEST_RUN_LOG``: a file; every engine run of a job (each ``WorkerRuntime.run``) appends
+  one line ``<job id>`` to it, so a test counts engine runs per job, an effect, not rows.
+- ``WEIR_TEST_STEP_FAILURES``: the first N engine steps of this process raise (``always``: every
+  step), as a device error would.
+"""
 
 import os
 
 _marker = os.environ.get("WEIR_TEST_CRASH_MARKER")
-if _marker:
+_run_log = os.environ.get("WEIR_TEST_RUN_LOG")
+_step_failures = os.environ.get("WEIR_TEST_STEP_FAILURES")
+
+if _marker or _run_log:
     import signal
 
     from worker import runtime as _runtime
 
     _run = _runtime.WorkerRuntime.run
 
-    def _run_or_crash(self, job, **kwargs):
-        if _marker in str(job.request.get("prompt")):
+    def _hooked_run(self, job, **kwargs):
+        if _run_log:
+            with open(_run_log, "a") as f:  # one short line per O_APPEND write: no interleaving
+                f.write(f"{job.id}\n")
+        if _marker and _marker in str(job.request.get("prompt")):
             os.kill(os.getpid(), signal.SIGKILL)
         return _run(self, job, **kwargs)
 
-    _runtime.WorkerRuntime.run = _run_or_crash
+    _runtime.WorkerRuntime.run = _hooked_run
+
+if _step_failures:
+    from engine import llm_engine as _llm_engine
+
+    _step = _llm_engine.LLMEngine.step
+    _left = [None if _step_failures == "always" else int(_step_failures)]
+
+    def _failing_step(self):
+        if _left[0] is None or _left[0] > 0:
+            if _left[0] is not None:
+                _left[0] -= 1
+            raise RuntimeError("injected device error (WEIR_TEST_STEP_FAILURES)")
+        return _step(self)
+
+    _llm_engine.LLMEngine.step = _failing_step

@@ -1,0 +1,187 @@
+"""The pipeline's guarantees under load and faults, against real ``weir worker`` processes, real
+Redis and real Postgres, counting effects rather than rows: engine runs per job (each
+``WorkerRuntime.run``, logged by the test hook in ``crash_hook/``), and result and enrichment
+writes per job (counted by triggers this module installs in the test database; the primary key
+keeps one row per job whatever happens, so a row count proves nothing)."""
+
+import collections
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+from jobs import names, store
+from jobs.db import BatchStatus, JobStatus
+from jobs.schemas import GenerateRequest
+
+from tests.worker.test_faults import HERE, assert_each_succeeded_once, rows, wait_until, with_status
+
+pytestmark = pytest.mark.integration
+
+EFFECT_TRIGGERS = """
+CREATE TABLE IF NOT EXISTS test_effects (tbl text, key text, n integer NOT NULL, PRIMARY KEY (tbl, key));
+CREATE OR REPLACE FUNCTION test_count_effect() RETURNS trigger AS $$
+BEGIN
+  INSERT INTO test_effects VALUES (TG_TABLE_NAME, to_jsonb(NEW) ->> TG_ARGV[0], 1)
+  ON CONFLICT (tbl, key) DO UPDATE SET n = test_effects.n + 1;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS test_result_writes ON jobs;
+CREATE TRIGGER test_result_writes AFTER INSERT OR UPDATE ON jobs FOR EACH ROW
+  WHEN (NEW.status IN ('succeeded', 'failed')) EXECUTE FUNCTION test_count_effect('id');
+DROP TRIGGER IF EXISTS test_enrichment_writes ON product_enrichment;
+CREATE TRIGGER test_enrichment_writes AFTER INSERT OR UPDATE ON product_enrichment FOR EACH ROW
+  EXECUTE FUNCTION test_count_effect('product_id');
+"""
+
+
+@pytest.fixture
+def effects(client):
+    """Counts of result writes (``jobs`` rows set to a final outcome) and enrichment writes."""
+    with client.engine.begin() as connection:
+        connection.exec_driver_sql(EFFECT_TRIGGERS)
+
+    def counts(table, keys):
+        with client.session_factory() as session:
+            found = dict(session.execute(
+                text("SELECT key, n FROM test_effects WHERE tbl = :t AND key = ANY(:k)"),
+                {"t": table, "k": [str(k) for k in keys]}).all())
+        return {str(k): found.get(str(k), 0) for k in keys}
+
+    return counts
+
+
+@pytest.fixture
+def hooked(worker_env, tmp_path):
+    """Env for a worker with the test hooks, and a reader of its engine-run log."""
+    run_log = tmp_path / "runs.log"
+    env = dict(WEIR_TEST_RUN_LOG=str(run_log),
+               PYTHONPATH=os.path.join(HERE, "crash_hook") + os.pathsep + worker_env["PYTHONPATH"])
+
+    def runs():
+        if not run_log.exists():
+            return collections.Counter()
+        return collections.Counter(run_log.read_text().split())
+
+    return env, runs
+
+
+def enqueue(client, num_jobs, max_tokens, prefix="job", product_prefix=None):
+    product_prefix = product_prefix or f"p-{uuid.uuid4().hex[:8]}"
+    return client.enqueue_batch([
+        GenerateRequest(prompt=f"Product number {i}", custom_id=f"{prefix}-{i}", temperature=0,
+                        max_tokens=max_tokens, metadata={"product_id": f"{product_prefix}-{i}"})
+        for i in range(num_jobs)
+    ]), product_prefix
+
+
+def job_ids(client, batch_id):
+    return {job.custom_id: job.id for job in client.jobs(batch_id)}
+
+
+def test_a_tiny_pool_under_many_threads_fails_no_job(start_worker, client, hooked, effects):
+    env, runs = hooked
+    num_jobs = 120
+    # 16 task threads, one pooled connection (+1 overflow) and a 50 ms pool wait: the group
+    # writer and the lease renewer (every 50 ms) contend for it, and pool waits time out.
+    start_worker(**env, WEIR_CONCURRENCY="16", WEIR_MAX_NUM_SEQS="16", WEIR_POOL_SIZE="1",
+                 WEIR_POOL_TIMEOUT_S="0.05", WEIR_CANCEL_POLL_INTERVAL_S="0.05", WEIR_LEASE_S="5")
+    batch_id, products = enqueue(client, num_jobs, max_tokens=4)
+    client.wait(batch_id, timeout_s=180)
+
+    assert_each_succeeded_once(client, batch_id, num_jobs)
+    ids = job_ids(client, batch_id)
+    assert set(runs()) >= {str(i) for i in ids.values()}
+    assert {runs()[str(i)] for i in ids.values()} == {1}  # one engine run per job
+    assert set(effects("jobs", ids.values()).values()) == {1}  # one result write per job
+    assert set(effects("product_enrichment", [f"{products}-{i}" for i in range(num_jobs)]).values()) == {1}
+
+
+def test_a_failed_engine_step_requeues_its_jobs_and_each_succeeds_once(start_worker, client, hooked, effects):
+    env, runs = hooked
+    num_jobs = 12
+    worker = start_worker(**env, WEIR_TEST_STEP_FAILURES="1")
+    batch_id, products = enqueue(client, num_jobs, max_tokens=8)
+    client.wait(batch_id, timeout_s=120)
+
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    ids = job_ids(client, batch_id)
+    counted = runs()
+    requeued = {c for c, i in ids.items() if counted[str(i)] == 2}
+    assert requeued, "the failed step had jobs in flight"
+    assert {counted[str(i)] for c, i in ids.items() if c not in requeued} == {1}
+    # The failed start was the engine's fault, not the job's: it is given back.
+    assert {c: row[1] for c, row in table.items()} == {c: 1 for c in table}
+    assert set(effects("jobs", ids.values()).values()) == {1}
+    assert set(effects("product_enrichment", [f"{products}-{i}" for i in range(num_jobs)]).values()) == {1}
+    assert "engine step failed (1 in a row)" in worker.log()
+    assert worker.is_alive()
+
+
+def test_a_sticky_engine_failure_makes_the_worker_exit_and_another_drains_the_queue(start_worker, client, hooked,
+                                                                                     effects):
+    env, runs = hooked
+    num_jobs = 10
+    broken = start_worker(**env, WEIR_TEST_STEP_FAILURES="always", WEIR_MAX_ENGINE_FAILURES="3")
+    batch_id, products = enqueue(client, num_jobs, max_tokens=8)
+    assert broken.proc.wait(60) == 70  # EX_SOFTWARE: the supervisor restarts it
+    assert "engine failed 3 steps in a row" in broken.log()
+    at_exit = rows(client, batch_id)
+    assert with_status(at_exit, JobStatus.RUNNING) == set()  # every lease was given back
+
+    start_worker(**env)
+    client.wait(batch_id, timeout_s=120)
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    assert {c: row[1] for c, row in table.items()} == {c: 1 for c in table}
+    ids = job_ids(client, batch_id)
+    assert set(effects("jobs", ids.values()).values()) == {1}
+    assert set(effects("product_enrichment", [f"{products}-{i}" for i in range(num_jobs)]).values()) == {1}
+
+
+def test_a_duplicate_delivery_while_the_job_runs_starts_no_second_run(start_worker, client, hooked, effects,
+                                                                      slow_model_dir):
+    env, runs = hooked
+    start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_LEASE_S="5",
+                 WEIR_CANCEL_POLL_INTERVAL_S="0.5")
+    batch_id, products = enqueue(client, 1, max_tokens=400)  # ~2.5 s on the slow model
+    [job_id] = job_ids(client, batch_id).values()
+    wait_until(lambda: runs()[str(job_id)] == 1, timeout_s=30, what="the run")
+    client.celery_app.send_task(names.RUN_JOB, args=[str(job_id)], queue=client.queue)  # the duplicate
+    client.wait(batch_id, timeout_s=60)
+    time.sleep(7)  # the duplicate came back once the lease would have expired, and found it finished
+
+    assert_each_succeeded_once(client, batch_id, 1)
+    assert runs()[str(job_id)] == 1
+    assert effects("jobs", [job_id]) == {str(job_id): 1}
+    assert effects("product_enrichment", [f"{products}-0"]) == {f"{products}-0": 1}
+
+
+def test_a_late_success_after_a_give_up_changes_nothing(start_worker, client, hooked, effects, slow_model_dir):
+    env, runs = hooked
+    settings = dict(env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1",
+                    WEIR_MAX_ATTEMPTS="1", WEIR_LEASE_S="2", WEIR_CANCEL_POLL_INTERVAL_S="0.5")
+    frozen = start_worker(**settings)
+    batch_id, products = enqueue(client, 1, max_tokens=300)
+    [job_id] = job_ids(client, batch_id).values()
+    wait_until(lambda: runs()[str(job_id)] == 1, timeout_s=30, what="the run")
+    frozen.proc.send_signal(signal.SIGSTOP)  # alive but silent: its lease runs out
+    try:
+        time.sleep(3)
+        with client.session_factory.begin() as session:  # what a sweep or a redelivery does next
+            claims = store.claim_jobs(session, [job_id], worker="other", lease_s=60, max_attempts=1)
+        assert claims[job_id].status == store.ClaimStatus.GAVE_UP
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: "result dropped" in frozen.log() or "cancelled or lease lost" in frozen.log(),
+               timeout_s=60, what="the late attempt's end")
+
+    final = client.batch_status(batch_id)
+    [result] = client.results(batch_id)
+    assert (result["status"], result["output_text"]) == ("failed", None)
+    assert result["error"] == "gave up after 1 attempts: each one lost its worker or ran out of time"
+    assert (final.status, final.num_failed, final.num_succeeded) == (BatchStatus.FAILED, 1, 0)
+    assert effects("jobs", [job_id]) == {str(job_id): 1}
+    assert effects("product_enrichment", [f"{products}-0"]) == {f"{products}-0": 0}
