@@ -156,7 +156,9 @@ class PromptChecker:
         texts = [p for p in prompts if isinstance(p, str)]
         chats = [p for p in prompts if not isinstance(p, str)]
         text_counts = iter(self._num_tokens(texts, add_special_tokens=True))
-        rendered = self.tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False) if chats else []
+        rendered = []
+        if chats:
+            rendered = self.tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
         chat_counts = iter(self._num_tokens(rendered, add_special_tokens=False))
         return [next(text_counts) if isinstance(p, str) else next(chat_counts) for p in prompts]
 

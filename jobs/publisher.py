@@ -15,6 +15,7 @@ import uuid
 from typing import Any, Optional, Sequence
 
 from kombu.exceptions import BatchPublishError
+from celery.utils.nodenames import anon_nodename
 from kombu.utils.functional import retry_over_time
 
 from jobs import names
@@ -44,6 +45,7 @@ class JobPublisher:
         self._connection: Any = None
         self._producer: Any = None
         self._declared = False
+        self._origin = anon_nodename()  # what send_task stamps; computed once, not per message
 
     def __enter__(self) -> "JobPublisher":
         self._connect()
@@ -80,7 +82,7 @@ class JobPublisher:
                 arg = str(job_id)
                 headers, properties, body, _ = amqp.as_task_v2(
                     str(uuid.uuid4()), names.RUN_JOB, args=[arg], kwargs={}, reply_to=self._app.thread_oid,
-                    argsrepr=f"['{arg}']", kwargsrepr="{}", ignore_result=None,
+                    argsrepr=f"['{arg}']", kwargsrepr="{}", ignore_result=None, origin=self._origin,
                 )
                 producer.publish(
                     body, exchange="", routing_key=self._queue.name, serializer="json", headers=headers,

@@ -167,6 +167,8 @@ def batch_with_key(session: Session, idempotency_key: str) -> Optional[Batch]:
     return session.scalar(select(Batch).where(Batch.idempotency_key == idempotency_key))
 
 
+# Columns left out take their server default: a NOT NULL column with only a Python-side default
+# must be listed here (COPY does not run SQLAlchemy's defaults).
 _JOB_COPY_COLUMNS = (
     "id", "batch_id", "batch_index", "custom_id", "kind", "model", "request", "status", "attempts",
     "queued_at", "published_at",
@@ -184,9 +186,9 @@ def add_jobs(
 ) -> None:
     """Insert one ``queued`` job per request, at batch indexes ``first_index, first_index + 1, ...``.
 
-    One ``COPY`` on Postgres (about 50,000 rows/s), one ``executemany`` on SQLite, inside a
-    savepoint: on a duplicate ``custom_id`` nothing of this call is kept and the rest of the
-    transaction stands.
+    One ``COPY`` on Postgres (about 25,000 rows/s on 2 cores), one ``executemany`` on SQLite,
+    inside a savepoint: on a duplicate ``custom_id`` nothing of this call is kept and the rest of
+    the transaction stands.
 
     Args:
         requests: validated requests; one without ``custom_id`` gets its batch index as one.
@@ -219,13 +221,18 @@ def add_jobs(
                 ]
                 session.connection().execute(insert(Job), rows)
     except (IntegrityError, dialect.dbapi.IntegrityError):
-        taken = set(session.scalars(
-            select(Job.custom_id).where(Job.batch_id == batch_id, Job.custom_id.in_(custom_ids))
-        ))
-        for i, custom_id in enumerate(custom_ids):
-            if custom_id in taken:
-                raise _duplicate(custom_id, first_index + i) from None
+        for start in range(0, len(custom_ids), _MAX_IN_PARAMS):  # the first request whose id is taken
+            part = custom_ids[start:start + _MAX_IN_PARAMS]
+            taken = set(session.scalars(
+                select(Job.custom_id).where(Job.batch_id == batch_id, Job.custom_id.in_(part))
+            ))
+            for i, custom_id in enumerate(part):
+                if custom_id in taken:
+                    raise _duplicate(custom_id, first_index + start + i) from None
         raise
+
+
+_MAX_IN_PARAMS = 1000
 
 
 def _copy_jobs(session, batch_id, requests, custom_ids, first_index, model, now, published_at) -> None:

@@ -3,6 +3,7 @@ while the batch is ``validating`` (an error leaves nothing), publishes only once
 committed, one message per job carrying only the job id, by task name, to the model's queue, and
 streams results back in submission order."""
 
+import json
 import threading
 import uuid
 
@@ -358,7 +359,8 @@ def test_a_publish_that_fails_part_way_marks_only_the_rest_unpublished(client, c
         publish(self, job_ids)
 
     monkeypatch.setattr(JobPublisher, "publish", fail_second)
-    with pytest.raises(PublishError, match=r"is stored but 3 jobs were not published \(ConnectionError: broker gone\)") as info:
+    unpublished = r"is stored but 3 jobs were not published \(ConnectionError: broker gone\)"
+    with pytest.raises(PublishError, match=unpublished) as info:
         client.enqueue_batch(requests(5), chunk_size=2)
     assert calls == [2, 2]
     jobs = client.jobs(info.value.batch_id)
@@ -376,3 +378,44 @@ def test_batch_length_checks_count_as_single_checks(client):
     ]
     assert checker.check_batch(batch) == [checker.check(r) for r in batch] == [
         len(checker.encode(r.engine_prompt())) for r in batch]
+
+
+def test_add_jobs_refuses_a_custom_id_the_batch_already_has_and_keeps_the_rest(session_factory):
+    with session_factory.begin() as session:
+        batch = store.begin_batch(session, model="tiny")
+        store.add_jobs(session, batch.id, requests(2), first_index=0, model="tiny", published_at=None)
+        with pytest.raises(ValueError, match=r"custom_id 'c1' appears more than once in the batch \(batch index 3\)"):
+            store.add_jobs(session, batch.id, [GenerateRequest(prompt="x", custom_id="new"),
+                                               GenerateRequest(prompt="y", custom_id="c1")],
+                           first_index=2, model="tiny", published_at=None)
+        store.queue_batch(session, batch.id, 2)
+    with session_factory() as session:
+        assert [(j.batch_index, j.custom_id) for j in store.list_jobs(session, batch.id)] == [(0, "c0"), (1, "c1")]
+        stored = store.get_batch(session, batch.id)
+        assert (stored.status, stored.num_jobs) == (BatchStatus.QUEUED, 2)
+
+
+def test_messages_on_redis_are_celery_task_messages_in_order(redis_url, queue):
+    import redis
+    from celery import Celery
+
+    from jobs.publisher import JobPublisher
+
+    app = Celery("weir-test-redis-producer", broker=redis_url, set_as_current=False)
+    job_ids = [uuid.uuid4() for _ in range(7)]
+    try:
+        with JobPublisher(app, queue) as publisher:
+            for start in range(0, 7, 3):  # 3 pipelined round trips
+                publisher.publish(job_ids[start:start + 3])
+        app.send_task(names.RUN_JOB, args=["reference"], queue=queue)
+        envelopes = [json.loads(e) for e in reversed(redis.Redis.from_url(redis_url).lrange(queue, 0, -1))]
+        messages = published(app, queue)
+    finally:
+        redis.Redis.from_url(redis_url).delete(queue, f"_kombu.binding.{queue}")
+    assert messages == [(names.RUN_JOB, [str(j)], {}) for j in job_ids] + [(names.RUN_JOB, ["reference"], {})]
+    ours, reference = envelopes[0], envelopes[-1]  # the same layout as send_task's, field for field
+    assert sorted(ours) == sorted(reference)
+    assert sorted(ours["headers"]) == sorted(reference["headers"])
+    assert sorted(ours["properties"]) == sorted(reference["properties"])
+    assert ours["properties"]["delivery_info"] == reference["properties"]["delivery_info"] == {
+        "exchange": "", "routing_key": queue}
