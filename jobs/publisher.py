@@ -6,17 +6,25 @@ Each message is the Celery task message (protocol 2, JSON) that ``Celery.send_ta
 :meth:`JobPublisher.publish` call goes out through kombu's publish batch (``Producer.batch``): its
 messages' ``LPUSH`` commands are sent as one non-transactional pipeline, one round trip instead
 of one per message (on 2 cores about 13,000 messages/s, against 2,000/s for a ``send_task``
-loop). Other transports (the embedded ``memory://``) publish each message at once.
+loop). Other transports (the embedded ``memory://``), and kombu before 5.7 (no publish batches),
+publish each message at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any, Optional, Sequence
 
-from kombu.exceptions import BatchPublishError
 from celery.utils.nodenames import anon_nodename
 from kombu.utils.functional import retry_over_time
+
+try:
+    from kombu.exceptions import BatchPublishError
+
+    BATCH_ERRORS: tuple[type[BaseException], ...] = (BatchPublishError,)
+except ImportError:  # kombu < 5.7: no publish batches
+    BATCH_ERRORS = ()
 
 from jobs import names
 
@@ -77,7 +85,8 @@ class JobPublisher:
         if not self._declared:
             producer.maybe_declare(self._queue)
             self._declared = True
-        with producer.batch(max_size=len(job_ids) + 1):  # flushed once, on exit
+        # One flush, on exit: the whole chunk in one pipeline.
+        with producer.batch(max_size=len(job_ids) + 1) if self._can_batch else contextlib.nullcontext():
             for job_id in job_ids:
                 arg = str(job_id)
                 headers, properties, body, _ = amqp.as_task_v2(
@@ -91,7 +100,7 @@ class JobPublisher:
 
     def _retriable_errors(self) -> tuple[type[BaseException], ...]:
         connection = self._connection
-        return (BatchPublishError, *connection.connection_errors, *connection.channel_errors)
+        return (*BATCH_ERRORS, *connection.connection_errors, *connection.channel_errors)
 
     def _on_error(self, exc: BaseException, intervals: Any, retries: int) -> float:
         self._release()
@@ -101,6 +110,7 @@ class JobPublisher:
     def _connect(self) -> None:
         self._connection = self._app.connection_for_write()
         self._producer = self._app.amqp.Producer(self._connection)
+        self._can_batch = hasattr(self._producer, "batch")
         self._declared = False
 
     def _release(self) -> None:
