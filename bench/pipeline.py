@@ -89,15 +89,20 @@ class WorkerProcess:
         with open(self.log_path, encoding="utf-8", errors="replace") as log:
             return log.read()
 
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Block until the worker logs `` ready.``.
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, *, ping: Optional[tuple[str, str]] = None) -> None:
+        """Block until the worker logs `` ready.``, or answers a Celery ping (``ping``: broker
+        URL and node name; a worker logging at WARNING writes no ready line).
 
         Raises:
             RuntimeError: it exited first, or is not ready after ``timeout_s``.
         """
+        from weir.health import check_worker
+
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if " ready." in self.log():
+                return
+            if ping is not None and check_worker(ping[0], hostname=ping[1], timeout_s=1.0).healthy:
                 return
             self.check_alive()
             time.sleep(POLL_INTERVAL_S)
@@ -198,7 +203,7 @@ class Bench:
         for _ in range(num_workers):
             n = len(self.workers)
             if system == "weir":
-                argv = [sys.executable, "-m", "weir", "worker", "--loglevel", "INFO"]
+                argv = [sys.executable, "-m", "weir", "worker", "--loglevel", "WARNING"]  # as the baseline
             else:
                 argv = [sys.executable, "-m", "celery", "-A", "bench.pipeline_baseline", "worker", "-P", "threads",
                         "-c", concurrency, "-Q", queue, "-n", f"pipeline-baseline-{n}@%h", "--loglevel", "WARNING",
@@ -207,7 +212,8 @@ class Bench:
             self.workers.append(worker)
             started.append(worker)
         for worker in started:
-            worker.wait_ready()
+            ping = (self.args.redis_url, f"weir-{worker.proc.pid}@{os.uname().nodename}") if system == "weir" else None
+            worker.wait_ready(ping=ping)
         return started
 
     def delete_queue_keys(self, queue: str) -> None:

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from jobs import names, store
-from jobs.db import Batch, BatchStatus, Job, make_engine, make_session_factory, utcnow
+from jobs.db import Batch, BatchStatus, Job, engine_for, make_session_factory, utcnow
 from jobs.model_info import PromptChecker
 from jobs.publisher import JobPublisher
 from jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest, check_json, parse_request
@@ -199,7 +199,7 @@ class Client:
         self.settings = settings or get_settings()
         self.model = names.model_name(self.settings.engine.model)
         self.queue = names.queue_for_model(self.settings.engine.model, self.settings.worker.queue)
-        self.engine = make_engine(self.settings.database.url())
+        self.engine = engine_for(self.settings.database)
         self.session_factory = make_session_factory(self.engine)
         self._celery_app = celery_app
         if prompt_checker is not None:
@@ -422,20 +422,12 @@ class Client:
             raise PublishError(batch_id, len(unpublished), exc) from exc
 
     def sweep(self, older_than_s: Optional[float] = None, *, limit: int = 10_000) -> int:
-        """Publish again the jobs of this client's model whose message may be lost.
-
-        Covers a Redis restarted without persistence, a publish that failed after the rows were
-        committed, a message taken by a worker killed before the broker recorded it as unacked,
-        and a running job whose worker died and whose message is gone. Taken: jobs ``running``
-        whose latest claim and latest publish are more than ``older_than_s`` old, and, only while
-        the model's queue holds no waiting message (a backlog is not a loss), jobs ``queued`` and
-        never published or last published that long ago (see
-        :func:`jobs.store.take_jobs_to_publish`). A job published twice is still run and stored
-        once, so sweeping again, or while the old message lives, is harmless.
+        """Publish again the jobs of this client's model whose message is missing (see
+        :mod:`jobs.sweeper`: never-published jobs, expired leases, and queued jobs the queue has
+        moved past, whatever the backlog; a waiting backlog is never re-published).
 
         Args:
-            older_than_s: the deadline in seconds; default ``WEIR_SWEEP_AFTER_S`` (which defaults
-                to the visibility timeout).
+            older_than_s: the grace in seconds; default ``WEIR_SWEEP_AFTER_S`` (60 s).
             limit: the most jobs published by one call.
 
         Returns:
@@ -445,20 +437,25 @@ class Client:
             BrokerNotConfigured: no broker URL.
             PublishError: the broker refused the messages (the jobs are marked unpublished).
         """
-        from datetime import timedelta
+        from jobs.sweeper import take_lost_jobs
 
-        deadline_s = self.settings.worker.sweep_deadline_s if older_than_s is None else older_than_s
+        grace_s = self.settings.worker.sweep_deadline_s if older_than_s is None else older_than_s
         celery_app = self.celery_app
-        queue_is_empty = self.num_waiting_messages() == 0
-        with self.session_factory.begin() as session:
-            job_ids = store.take_jobs_to_publish(
-                session, model=self.model, older_than=utcnow() - timedelta(seconds=deadline_s), limit=limit,
-                include_queued=queue_is_empty,
-            )
+        with celery_app.connection_for_read() as connection:
+            redis = connection if connection.transport.driver_type == "redis" else None
+            with self.session_factory.begin() as session:
+                job_ids = take_lost_jobs(session, redis, model=self.model, queue=self.queue,
+                                         grace_s=grace_s, limit=limit)
         if job_ids:
             self._publish_or_mark(celery_app, job_ids, batch_id=None)
-            logger.warning("sweep: published %d jobs again (no message seen for %gs)", len(job_ids), deadline_s)
+            logger.warning("sweep: published %d jobs again (no message for %gs)", len(job_ids), grace_s)
         return len(job_ids)
+
+    def reconcile(self) -> list:
+        """Recount every unfinished batch from its jobs and repair what differs (see
+        :func:`jobs.store.reconcile_batches`); returns the repaired batches."""
+        with self.session_factory.begin() as session:
+            return store.reconcile_batches(session)
 
     def num_waiting_messages(self) -> int:
         """Messages waiting in the model's queue (not counting those workers hold unacked).

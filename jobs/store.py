@@ -25,15 +25,16 @@ nothing else changes and nothing is cut. NaN and Infinity in ``label_probs`` (an
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Optional, Sequence
 
-from sqlalchemy import String, and_, case, cast, delete, func, insert, literal, or_, select, tuple_, update
+from sqlalchemy import String, and_, case, cast, delete, func, insert, literal, or_, select, text, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -331,16 +332,23 @@ class Claim:
     lease_expires_at: Optional[datetime] = None
 
 
+_jobs = Job.__table__
+_batches = Batch.__table__
+# The hot statements below are Core statements on the tables (compiled once and cached), not ORM
+# bulk operations, whose per-row bookkeeping costs more than the database work.
+
+
 def _claimable(now: datetime):
     """Jobs a claim may take: queued, or running under an expired lease (a dead holder)."""
+    jobs = _jobs.c
     return or_(
-        Job.status == JobStatus.QUEUED,
-        and_(Job.status == JobStatus.RUNNING, or_(Job.lease_expires_at.is_(None), Job.lease_expires_at <= now)),
+        jobs.status == JobStatus.QUEUED,
+        and_(jobs.status == JobStatus.RUNNING, or_(jobs.lease_expires_at.is_(None), jobs.lease_expires_at <= now)),
     )
 
 
 def _not_validating():
-    return Job.batch_id.in_(select(Batch.id).where(Batch.status != BatchStatus.VALIDATING))
+    return _jobs.c.batch_id.in_(select(_batches.c.id).where(_batches.c.status != BatchStatus.VALIDATING))
 
 
 def claim_jobs(
@@ -374,63 +382,82 @@ def claim_jobs(
         return {}
     now = utcnow()
     claims: dict[uuid.UUID, Claim] = {}
-    where = [Job.id.in_(ids), _claimable(now), _not_validating()]
+    dialect = session.get_bind().dialect.name
+    params = {"ids": _ids_param(ids, dialect), "now": now, "max_attempts": max_attempts}
     if max_attempts is not None:
-        gave_up = session.execute(
-            update(Job)
-            .where(*where, Job.attempts >= max_attempts)
-            .values(
-                status=JobStatus.FAILED,
-                error=literal("gave up after ") + cast(Job.attempts, String)
-                + literal(" attempts: each one lost its worker or ran out of time"),
-                finished_at=now,
-                lease_expires_at=None,
-            )
-            .returning(Job.id, Job.batch_id)
-            .execution_options(synchronize_session=False)
-        ).all()
-        _count_transitions(session, [(row.batch_id, JobStatus.FAILED) for row in gave_up], now)
-        claims.update({row.id: Claim(ClaimStatus.GAVE_UP) for row in gave_up})
-        where.append(Job.attempts < max_attempts)
+        gave_up = session.execute(_claim_sql(dialect, "gave_up"), params).all()
+        _count_transitions(session, [(_as_uuid(row[1]), JobStatus.FAILED) for row in gave_up], now)
+        claims.update({_as_uuid(row[0]): Claim(ClaimStatus.GAVE_UP) for row in gave_up})
     expires = now + timedelta(seconds=lease_s)
-    claimed = session.execute(
-        update(Job)
-        .where(*where)
-        .values(
-            status=JobStatus.RUNNING,
-            attempts=Job.attempts + 1,
-            lease_token=Job.lease_token + 1,
-            started_at=func.coalesce(Job.started_at, now),
-            claimed_at=now,
-            lease_expires_at=expires,
-            worker=worker,
-        )
-        .returning(Job)
-        .execution_options(synchronize_session=False, populate_existing=True)
-    ).scalars().all()
+    found = session.execute(_claim_sql(dialect, "claim", limited=max_attempts is not None),
+                            dict(params, expires=expires, worker=worker)).all()
+    claimed = [_claimed_job(row, dialect) for row in found]
     for job in claimed:
         claims[job.id] = Claim(ClaimStatus.CLAIMED, job, expires)
     started = sorted({job.batch_id for job in claimed})
     if started:  # only a batch's first claims find it queued; later ones match no row
-        session.execute(
-            update(Batch)
-            .where(Batch.id.in_(started), Batch.status == BatchStatus.QUEUED)
-            .values(status=BatchStatus.IN_PROGRESS, started_at=now)
-            .execution_options(synchronize_session=False)
-        )
+        session.execute(_claim_sql(dialect, "start_batches"), {"ids": _ids_param(started, dialect), "now": now})
     rest = [job_id for job_id in ids if job_id not in claims]
     if rest:
-        found = session.execute(
-            select(Job.id, Job.status, Job.lease_expires_at).where(Job.id.in_(rest), _not_validating())
-        ).all()
-        for row in found:
-            if row.status.is_finished:
-                claims[row.id] = Claim(ClaimStatus.FINISHED)
+        for row in session.execute(_claim_sql(dialect, "rest"), {"ids": _ids_param(rest, dialect)}).all():
+            job_id, status, lease_expires_at = _as_uuid(row[0]), JobStatus(row[1]), row[2]
+            if status.is_finished:
+                claims[job_id] = Claim(ClaimStatus.FINISHED)
             else:
-                claims[row.id] = Claim(ClaimStatus.HELD, lease_expires_at=row.lease_expires_at)
+                if isinstance(lease_expires_at, str):  # SQLite hands text back
+                    lease_expires_at = datetime.fromisoformat(lease_expires_at)
+                claims[job_id] = Claim(ClaimStatus.HELD, lease_expires_at=lease_expires_at)
         for job_id in rest:
             claims.setdefault(job_id, Claim(ClaimStatus.UNKNOWN))
     return claims
+
+
+_CLAIMED_COLUMNS = ("id", "batch_id", "batch_index", "custom_id", "kind", "model", "request", "status",
+                    "attempts", "lease_token", "worker", "started_at", "claimed_at")
+
+
+@functools.lru_cache(maxsize=None)
+def _claim_sql(dialect: str, which: str, limited: bool = False) -> Any:
+    """The statements of :func:`claim_jobs`, as SQL compiled once (their id sets are one array
+    parameter, not an ``IN`` list re-rendered for every size)."""
+    in_ids = "= ANY(:ids)" if dialect == "postgresql" else "IN (SELECT value FROM json_each(:ids))"
+    claimable = (f"jobs.id {in_ids} AND (jobs.status = 'queued' OR (jobs.status = 'running' AND "
+                 "(jobs.lease_expires_at IS NULL OR jobs.lease_expires_at <= :now))) "
+                 "AND jobs.batch_id IN (SELECT id FROM batches WHERE status <> 'validating')")
+    concat = "'gave up after ' || CAST(attempts AS TEXT) || ' attempts: each one lost its worker or ran out of time'"
+    sql = {
+        "gave_up": (f"UPDATE jobs SET status = 'failed', error = {concat}, finished_at = :now, "
+                    f"lease_expires_at = NULL WHERE {claimable} AND jobs.attempts >= :max_attempts "
+                    "RETURNING jobs.id, jobs.batch_id"),
+        "claim": ("UPDATE jobs SET status = 'running', attempts = attempts + 1, lease_token = lease_token + 1, "
+                  "started_at = COALESCE(started_at, :now), claimed_at = :now, lease_expires_at = :expires, "
+                  f"worker = :worker WHERE {claimable}"
+                  + (" AND jobs.attempts < :max_attempts" if limited else "")
+                  + " RETURNING " + ", ".join(f"jobs.{c}" for c in _CLAIMED_COLUMNS)),
+        "start_batches": (f"UPDATE batches SET status = 'in_progress', started_at = :now "
+                          f"WHERE batches.id {in_ids} AND batches.status = 'queued'"),
+        "rest": (f"SELECT jobs.id, jobs.status, jobs.lease_expires_at FROM jobs WHERE jobs.id {in_ids} "
+                 "AND jobs.batch_id IN (SELECT id FROM batches WHERE status <> 'validating')"),
+    }[which]
+    return text(sql)
+
+
+def _ids_param(ids: Sequence[uuid.UUID], dialect: str) -> Any:
+    """A set of ids as :func:`_claim_sql`'s ``:ids``: a uuid array, or SQLite's JSON array of hex."""
+    return list(ids) if dialect == "postgresql" else json.dumps([i.hex for i in ids])
+
+
+def _claimed_job(row: Any, dialect: str) -> Job:
+    """A detached ``Job`` from a claim's RETURNING row (readable after the transaction)."""
+    values = dict(zip(_CLAIMED_COLUMNS, row))
+    values["id"], values["batch_id"] = _as_uuid(values["id"]), _as_uuid(values["batch_id"])
+    values["kind"], values["status"] = JobKind(values["kind"]), JobStatus(values["status"])
+    if isinstance(values["request"], str):  # SQLite's JSON and times are text
+        values["request"] = json.loads(values["request"])
+    for name in ("started_at", "claimed_at"):
+        if isinstance(values[name], str):
+            values[name] = datetime.fromisoformat(values[name]).replace(tzinfo=timezone.utc)
+    return Job(**values)
 
 
 def claim_job(
@@ -461,16 +488,16 @@ def renew_leases(
     """
     if not leases:
         return set()
+    jobs = _jobs.c
     stmt = (
-        update(Job)
+        update(_jobs)
         .where(
-            tuple_(Job.id, Job.lease_token).in_(list(leases)),
-            Job.status == JobStatus.RUNNING,
-            Job.worker == worker if worker is not None else Job.worker.is_(None),
+            tuple_(jobs.id, jobs.lease_token).in_(list(leases)),
+            jobs.status == JobStatus.RUNNING,
+            jobs.worker == worker if worker is not None else jobs.worker.is_(None),
         )
         .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
-        .returning(Job.id)
-        .execution_options(synchronize_session=False)
+        .returning(jobs.id)
     )
     return set(session.execute(stmt).scalars())
 
@@ -493,13 +520,13 @@ def release_jobs(
     """
     if not leases:
         return set()
+    jobs = _jobs.c
     stmt = (
-        update(Job)
-        .where(tuple_(Job.id, Job.lease_token).in_(list(leases)), Job.status == JobStatus.RUNNING)
+        update(_jobs)
+        .where(tuple_(jobs.id, jobs.lease_token).in_(list(leases)), jobs.status == JobStatus.RUNNING)
         .values(status=JobStatus.QUEUED, lease_expires_at=None, published_at=republish_at or utcnow(),
-                attempts=Job.attempts - 1 if refund_attempt else Job.attempts)
-        .returning(Job.id)
-        .execution_options(synchronize_session=False)
+                attempts=jobs.attempts - 1 if refund_attempt else jobs.attempts)
+        .returning(jobs.id)
     )
     return set(session.execute(stmt).scalars())
 
@@ -509,19 +536,6 @@ def job_status(session: Session, job_id: uuid.UUID) -> Optional[JobStatus]:
     return session.scalar(select(Job.status).where(Job.id == job_id))
 
 
-_RESULT_COLUMNS = (
-    "status",
-    "output_text",
-    "label",
-    "label_probs",
-    "finish_reason",
-    "num_prompt_tokens",
-    "num_completion_tokens",
-    "num_cached_tokens",
-    "error",
-    "finished_at",
-    "lease_expires_at",
-)
 
 
 def record_result(session: Session, job: Job, result: JobResult) -> bool:
@@ -558,33 +572,56 @@ def record_results(session: Session, results: Iterable[tuple[Job, JobResult]]) -
     if not chosen:
         return set()
     now = utcnow()
-    written: set[uuid.UUID] = set()
-    transitions: list[tuple[uuid.UUID, JobStatus]] = []
-    by_status: dict[JobStatus, list[tuple[Job, JobResult]]] = {}
+    dialect = session.get_bind().dialect.name
+    rows = []
     for job, result in sorted(chosen.values(), key=lambda item: item[0].id):
-        by_status.setdefault(result.status, []).append((job, result))
-    for status, group in by_status.items():
-        rows = []
-        for job, result in group:
-            values = asdict(result.storable())
-            values.update(finished_at=now, lease_expires_at=None)
-            rows.append(dict(
-                id=job.id, batch_id=job.batch_id, batch_index=job.batch_index, custom_id=job.custom_id,
-                kind=job.kind, model=job.model, request=job.request, attempts=job.attempts,
-                lease_token=job.lease_token, queued_at=job.queued_at, started_at=job.started_at, **values,
-            ))
-        stmt = _insert(session, Job).values(rows)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[Job.id],
-            set_={name: stmt.excluded[name] for name in _RESULT_COLUMNS},
-            where=and_(Job.status == JobStatus.RUNNING, Job.lease_token == stmt.excluded.lease_token),
-        )
-        # RETURNING yields a row only where the guarded update applied: one per real transition.
-        for row in session.execute(stmt.returning(Job.id, Job.batch_id)).all():
-            written.add(row.id)
-            transitions.append((row.batch_id, status))
-    _count_transitions(session, transitions, now)
+        values = asdict(result.storable())
+        values["status"] = result.status.value
+        rows.append(dict(values, id=_uuid_literal(job.id, dialect), lease_token=job.lease_token))
+    # One statement for the whole group: the rows travel as one JSON array joined to ``jobs``
+    # (compiled once, whatever the group's size), and RETURNING yields a row only where the
+    # guarded update applied: one per real transition.
+    found = session.execute(_FINISH_SQL[dialect], {"rows": json.dumps(rows), "now": now}).all()
+    written = {_as_uuid(row[0]) for row in found}
+    _count_transitions(session, [(_as_uuid(row[1]), JobStatus(row[2])) for row in found], now)
     return written
+
+
+_RESULT_FIELDS = (
+    ("status", "text"), ("output_text", "text"), ("label", "text"), ("label_probs", "json"),
+    ("finish_reason", "text"), ("num_prompt_tokens", "int"), ("num_completion_tokens", "int"),
+    ("num_cached_tokens", "int"), ("error", "text"),
+)
+_SET_RESULT = ", ".join(f"{name} = v.{name}" for name, _ in _RESULT_FIELDS)
+_FINISH_SQL = {
+    "postgresql": text(
+        f"UPDATE jobs SET {_SET_RESULT}, finished_at = :now, lease_expires_at = NULL "
+        "FROM json_to_recordset(CAST(:rows AS json)) AS v(id uuid, lease_token int, "
+        + ", ".join(f"{name} {kind}" for name, kind in _RESULT_FIELDS) + ") "
+        "WHERE jobs.id = v.id AND jobs.status = 'running' AND jobs.lease_token = v.lease_token "
+        "RETURNING jobs.id, jobs.batch_id, jobs.status"
+    ),
+    "sqlite": text(
+        f"UPDATE jobs SET {_SET_RESULT}, finished_at = :now, lease_expires_at = NULL "
+        "FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.lease_token') AS lease_token, "
+        + ", ".join(
+            f"json_extract(value, '$.{name}') AS {name}" if kind != "json"
+            else f"CASE WHEN json_type(value, '$.{name}') = 'null' THEN NULL "
+                 f"ELSE json_extract(value, '$.{name}') END AS {name}"
+            for name, kind in _RESULT_FIELDS) + " FROM json_each(:rows)) AS v "
+        "WHERE jobs.id = v.id AND jobs.status = 'running' AND jobs.lease_token = v.lease_token "
+        "RETURNING jobs.id, jobs.batch_id, jobs.status"
+    ),
+}
+
+
+def _uuid_literal(value: uuid.UUID, dialect: str) -> str:
+    """How a UUID column stores ``value``: Postgres's text form, SQLite's 32 hex digits."""
+    return value.hex if dialect == "sqlite" else str(value)
+
+
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
 def _count_transitions(session: Session, transitions: Sequence[tuple[uuid.UUID, JobStatus]], now: datetime) -> None:
@@ -598,24 +635,24 @@ def _count_transitions(session: Session, transitions: Sequence[tuple[uuid.UUID, 
         delta = deltas[batch_id]
         succeeded, failed, cancelled = (delta[JobStatus.SUCCEEDED], delta[JobStatus.FAILED],
                                         delta[JobStatus.CANCELLED])
+        batches = _batches.c
         finished = and_(
-            Batch.status.in_([BatchStatus.QUEUED, BatchStatus.IN_PROGRESS]),
-            Batch.num_succeeded + Batch.num_failed + Batch.num_cancelled + (succeeded + failed + cancelled)
-            >= Batch.num_jobs,
+            batches.status.in_([BatchStatus.QUEUED, BatchStatus.IN_PROGRESS]),
+            batches.num_succeeded + batches.num_failed + batches.num_cancelled + (succeeded + failed + cancelled)
+            >= batches.num_jobs,
         )
-        final = case((Batch.num_failed + failed >= Batch.num_jobs, BatchStatus.FAILED.value),
+        final = case((batches.num_failed + failed >= batches.num_jobs, BatchStatus.FAILED.value),
                      else_=BatchStatus.COMPLETED.value)
         session.execute(
-            update(Batch)
-            .where(Batch.id == batch_id)
+            update(_batches)
+            .where(batches.id == batch_id)
             .values(
-                num_succeeded=Batch.num_succeeded + succeeded,
-                num_failed=Batch.num_failed + failed,
-                num_cancelled=Batch.num_cancelled + cancelled,
-                status=case((finished, final), else_=Batch.status),
-                finished_at=case((finished, now), else_=Batch.finished_at),
+                num_succeeded=batches.num_succeeded + succeeded,
+                num_failed=batches.num_failed + failed,
+                num_cancelled=batches.num_cancelled + cancelled,
+                status=case((finished, final), else_=batches.status),
+                finished_at=case((finished, now), else_=batches.finished_at),
             )
-            .execution_options(synchronize_session=False)
         )
 
 
@@ -665,19 +702,54 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
         kept = merged.get(key)
         if kept is None or _newer(row["source_batch_created_at"], kept["source_batch_created_at"]):
             merged[key] = row
+    dialect = session.get_bind().dialect.name
     written: set[str] = set()
     for names_ in sorted({key[1] for key in merged}):
-        rows = [row for key, row in sorted(merged.items()) if key[1] == names_]
-        stmt = _insert(session, ProductEnrichment).values(rows)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[ProductEnrichment.product_id],
-            set_={name: stmt.excluded[name] for name in
-                  (*names_, "model", "source_batch_id", "source_batch_created_at", "updated_at")},
-            where=or_(ProductEnrichment.source_batch_created_at.is_(None),
-                      ProductEnrichment.source_batch_created_at <= stmt.excluded.source_batch_created_at),
-        )
-        written.update(session.execute(stmt.returning(ProductEnrichment.product_id)).scalars())
+        rows = [dict(row, source_batch_id=_uuid_literal(row["source_batch_id"], dialect),
+                     source_batch_created_at=_time_literal(row["source_batch_created_at"], dialect),
+                     updated_at=None)
+                for key, row in sorted(merged.items()) if key[1] == names_]
+        found = session.execute(_enrich_sql(dialect, names_), {"rows": json.dumps(rows), "model": model, "now": now})
+        written.update(found.scalars())
     return written
+
+
+_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text"}
+
+
+@functools.lru_cache(maxsize=None)
+def _enrich_sql(dialect: str, fields: tuple[str, ...]) -> Any:
+    """The upsert of enrichment rows that set ``fields``, from a JSON array of rows (one
+    statement, compiled once per field set), guarded so an older batch never overwrites."""
+    columns = ("product_id", *fields, "source_batch_id", "source_batch_created_at")
+    kinds = {**_ENRICH_TYPES, "product_id": "text", "source_batch_id": "uuid", "source_batch_created_at": "timestamptz"}
+    if dialect == "postgresql":
+        source = ("FROM json_to_recordset(CAST(:rows AS json)) AS v("
+                  + ", ".join(f"{c} {kinds[c]}" for c in columns) + ")")
+        select_list = ", ".join(f"v.{c}" for c in columns)
+    else:
+        source = "FROM json_each(:rows) WHERE true"
+        select_list = ", ".join(f"json_extract(value, '$.{c}')" for c in columns)
+    updated = (*fields, "model", "source_batch_id", "source_batch_created_at", "updated_at")
+    return text(
+        f"INSERT INTO product_enrichment ({', '.join(columns)}, model, updated_at) "
+        f"SELECT {select_list}, :model, :now {source} "
+        "ON CONFLICT (product_id) DO UPDATE SET "
+        + ", ".join(f"{c} = excluded.{c}" for c in updated)
+        + " WHERE product_enrichment.source_batch_created_at IS NULL"
+          " OR product_enrichment.source_batch_created_at <= excluded.source_batch_created_at"
+          " RETURNING product_id"
+    )
+
+
+def _time_literal(value: Optional[datetime], dialect: str) -> Optional[str]:
+    """How a timestamp column stores ``value``: ISO 8601 with its zone on Postgres; SQLite keeps
+    SQLAlchemy's zone-less ``YYYY-MM-DD HH:MM:SS.ffffff`` text (all times here are UTC)."""
+    if value is None:
+        return None
+    if dialect == "sqlite":
+        return value.replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return value.isoformat()
 
 
 def _newer(a: Optional[datetime], b: Optional[datetime]) -> bool:

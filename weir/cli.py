@@ -67,6 +67,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     import worker.tasks  # noqa: F401  (registers the tasks)
+    from jobs.names import control_queue
     from worker.app import app
 
     queue = _queue(settings)
@@ -74,7 +75,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         hostname=f"weir-{os.getpid()}@{os.uname().nodename}",
         pool="threads",
         concurrency=_concurrency(settings),
-        queues=[queue],
+        queues=[queue, control_queue(queue)],
         loglevel=args.loglevel,
         beat=args.beat,
         without_mingle=True,

@@ -1,7 +1,8 @@
 """Group commit: one database transaction for the claims, results and releases of many jobs.
 
 Every task thread of a worker hands its database work to one :class:`GroupCommitter` and waits
-for the outcome. The committer's thread takes what is pending, waits up to
+for the outcome. The committer has two lanes (claims; results and releases), each one thread:
+a lane's thread takes what is pending, waits up to
 ``WEIR_COMMIT_MAX_WAIT_S`` for more (at most ``WEIR_COMMIT_MAX_JOBS`` operations), and runs them
 all in one transaction: the claims as one guarded ``UPDATE``, the results as one guarded upsert
 with their enrichment rows and one counter update per batch, the releases as one ``UPDATE``.
@@ -93,7 +94,8 @@ class _Op:
 
 
 class GroupCommitter:
-    """One thread that writes the claims, results and releases of all task threads in groups.
+    """Two threads that write the claims, and the results and releases, of all task threads in
+    groups.
 
     Args:
         session_factory: a SQLAlchemy ``sessionmaker``.
@@ -133,12 +135,20 @@ class GroupCommitter:
         self.max_jobs = max_jobs
         self.max_wait_s = max_wait_s
         self.is_stopping = is_stopping
+        self._stats_lock = threading.Lock()
         self.num_transactions = 0
         self.num_ops = 0
-        self._queue: "queue.Queue[Optional[_Op]]" = queue.Queue()
+        self.busy_s = 0.0
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="weir-group-commit", daemon=True)
-        self._thread.start()
+        # Two lanes, each one thread and its own transactions: claims, and results with releases.
+        # A claim never waits behind a group of results, and the database works on both at once.
+        self._queues: dict[str, "queue.Queue[Optional[_Op]]"] = {"claim": queue.Queue(), "finish": queue.Queue()}
+        self._threads = [
+            threading.Thread(target=self._loop, args=(q,), name=f"weir-group-commit-{lane}", daemon=True)
+            for lane, q in self._queues.items()
+        ]
+        for thread in self._threads:
+            thread.start()
 
     # ---- task-thread side ---------------------------------------------------------------------
 
@@ -172,8 +182,10 @@ class GroupCommitter:
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is pending, then stop the thread; later calls raise :class:`CommitterStopped`."""
         self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout_s)
+        for q in self._queues.values():
+            q.put(None)
+        for thread in self._threads:
+            thread.join(timeout_s)
 
     def _deadline(self) -> float:
         return time.monotonic() + self.retry_timeout_s
@@ -181,15 +193,15 @@ class GroupCommitter:
     def _submit(self, op: _Op) -> Any:
         if self._closed:
             raise CommitterStopped("the worker's database writer is closed")
-        self._queue.put(op)
+        self._queues["claim" if op.kind == "claim" else "finish"].put(op)
         return op.future.result()
 
     # ---- committer thread ---------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self, ops: "queue.Queue[Optional[_Op]]") -> None:
         stop = False
         while not stop:
-            first = self._queue.get()
+            first = ops.get()
             if first is None:
                 stop = True
                 group = []
@@ -199,7 +211,7 @@ class GroupCommitter:
             while len(group) < self.max_jobs:
                 try:
                     timeout = wait_until - time.monotonic()
-                    op = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+                    op = ops.get(timeout=timeout) if timeout > 0 else ops.get_nowait()
                 except queue.Empty:
                     break
                 if op is None:
@@ -210,7 +222,7 @@ class GroupCommitter:
                 self._run_group(group)
         while True:  # closed: fail whatever arrived after the last group
             try:
-                op = self._queue.get_nowait()
+                op = ops.get_nowait()
             except queue.Empty:
                 return
             if op is not None:
@@ -254,6 +266,15 @@ class GroupCommitter:
 
     def _transaction(self, group: list[_Op]) -> list[Any]:
         """Run one group in one transaction; the answers in the group's order."""
+        started = time.monotonic()
+        answers = self._write(group)
+        with self._stats_lock:
+            self.busy_s += time.monotonic() - started
+            self.num_transactions += 1
+            self.num_ops += len(group)
+        return answers
+
+    def _write(self, group: list[_Op]) -> list[Any]:
         finishes = [op for op in group if op.kind == "finish"]
         releases = [op for op in group if op.kind == "release"]
         claims = [op for op in group if op.kind == "claim"]
@@ -270,8 +291,6 @@ class GroupCommitter:
                 released |= store.release_jobs(session, leases, refund_attempt=refund)
             claimed = store.claim_jobs(session, [op.job_id for op in claims], worker=self.worker,
                                        lease_s=self.lease_s, max_attempts=self.max_attempts)
-        self.num_transactions += 1
-        self.num_ops += len(group)
         answers = []
         for op in group:
             if op.kind == "finish":

@@ -162,6 +162,8 @@ class WorkerRuntime:
                 return
             self._lost.add(job_id)
             future = self._leases[job_id][1]
+        if future is not None and future.done():  # it finished as its result was being stored
+            return
         logger.warning("job %s: cancelled or its lease lost; aborting it", job_id)
         if future is not None:
             self.front.abort(future)
@@ -202,8 +204,9 @@ class WorkerRuntime:
         self._heartbeat_stop.set()
         if self.committer is not None:
             self.committer.close()
-            logger.info("database writes: %d jobs' operations in %d transactions",
-                        self.committer.num_ops, self.committer.num_transactions)
+            committer = self.committer
+            logger.warning("database writes: %d operations in %d transactions, %.1f s in the database",
+                           committer.num_ops, committer.num_transactions, committer.busy_s)
         self.db_engine.dispose()
 
     def _engine_step_failed(self, exc: Exception) -> None:

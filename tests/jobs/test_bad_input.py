@@ -157,7 +157,7 @@ def test_same_job_twice_in_one_batched_upsert_keeps_one_row_with_the_success(ses
     assert (batch.num_succeeded, batch.num_failed) == (2, 0)
 
 
-def test_two_concurrent_writers_of_one_job_leave_one_row_with_the_success(postgres_url):
+def test_two_concurrent_writers_of_one_claim_store_one_outcome_counted_once(postgres_url):
     engine = make_engine(postgres_url)
     session_factory = make_session_factory(engine)
     try:
@@ -166,11 +166,14 @@ def test_two_concurrent_writers_of_one_job_leave_one_row_with_the_success(postgr
             start = threading.Barrier(2)
             errors = []
 
+            took = []
+
             def write(result):
                 try:
                     start.wait()
                     with session_factory.begin() as session:
-                        store.record_result(session, job, result)
+                        if store.record_result(session, job, result):
+                            took.append(result.status)
                 except Exception as exc:  # surfaced below
                     errors.append(exc)
 
@@ -184,8 +187,11 @@ def test_two_concurrent_writers_of_one_job_leave_one_row_with_the_success(postgr
             with session_factory() as session:
                 rows = session.execute(select(Job.status, Job.output_text, Job.error).where(Job.id == job.id)).all()
                 batch = store.get_batch(session, job.batch_id)
-            assert rows == [(JobStatus.SUCCEEDED, "won", None)]
-            assert (batch.num_succeeded, batch.num_failed) == (1, 0)
+            # The first to commit wins; a finished job is never changed again.
+            [status] = took
+            assert rows == [(JobStatus.SUCCEEDED, "won", None)] if status == JobStatus.SUCCEEDED else [
+                (JobStatus.FAILED, None, "lost")]
+            assert (batch.num_succeeded, batch.num_failed) == ((1, 0) if status == JobStatus.SUCCEEDED else (0, 1))
     finally:
         engine.dispose()
 

@@ -193,19 +193,6 @@ def test_broker_down_at_publish_raises_and_the_sweeper_publishes_later(
     up.close()
 
 
-def test_sweep_leaves_a_backlog_alone_and_takes_queued_jobs_once_the_queue_is_empty(client, celery_app, queue):
-    batch_id = client.enqueue_batch([GenerateRequest(prompt="a"), GenerateRequest(prompt="b")])
-    assert client.num_waiting_messages() == 2
-    assert client.sweep(older_than_s=0) == 0  # their messages wait in the queue
-    assert len(published(celery_app, queue)) == 2  # drained: say Redis lost them
-    assert client.num_waiting_messages() == 0
-    with client.session_factory() as session:  # the database is shared: other tests left queued jobs
-        queued = set(session.scalars(select(Job.id).where(Job.model == client.model, Job.status == JobStatus.QUEUED)))
-    assert {j.id for j in client.jobs(batch_id)} <= queued
-    assert client.sweep(older_than_s=0) == len(queued)
-    assert sorted(args[0] for _, args, _ in published(celery_app, queue)) == sorted(str(i) for i in queued)
-
-
 # ---- streaming: broker first, chunks while validating, nothing left on error ---------------------
 
 

@@ -1,0 +1,77 @@
+"""The sweeper on a real Redis queue: it publishes what is lost, whatever the backlog, and never
+re-publishes a backlog that is only waiting."""
+
+import json
+import os
+import uuid
+
+import pytest
+import redis as redis_lib
+
+from jobs import store
+from jobs.client import Client
+from jobs.schemas import GenerateRequest
+from jobs.sweeper import oldest_waiting_job
+from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def redis_client_and_queue(postgres_url, tiny_model_dir, redis_url, tmp_path):
+    # A model name of this test alone (a link to the tiny model): the sweeper takes every lost
+    # job of its model, and the database is shared with other tests.
+    model_dir = tmp_path / f"sweep-model-{uuid.uuid4().hex[:8]}"
+    os.symlink(tiny_model_dir, model_dir)
+    queue = f"weir.test-sweep-{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        engine=EngineSettings(model=str(model_dir)),
+        worker=WorkerSettings(queue=queue, broker_url=redis_url),
+        database=DatabaseSettings(database_url=postgres_url),
+    )
+    client = Client(settings)
+    r = redis_lib.Redis.from_url(redis_url)
+    yield client, r, queue
+    r.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+    client.close()
+
+
+def message_job(raw):
+    import base64
+
+    envelope = json.loads(raw)
+    return json.loads(base64.b64decode(envelope["body"]))[0][0]
+
+
+def test_a_lost_message_is_published_again_and_the_waiting_backlog_is_not(redis_client_and_queue):
+    client, r, queue = redis_client_and_queue
+    first = client.enqueue_batch([GenerateRequest(prompt=f"a{i}", custom_id=f"a{i}") for i in range(2)])
+    second = client.enqueue_batch([GenerateRequest(prompt=f"b{i}", custom_id=f"b{i}") for i in range(3)])
+    a0, a1 = [job.id for job in client.jobs(first)]
+    backlog = [job.id for job in client.jobs(second)]
+    assert r.llen(queue) == 5
+    assert client.sweep(older_than_s=0) == 0  # everything waits in the queue: nothing is lost
+    with client.celery_app.connection_for_read() as connection:
+        assert oldest_waiting_job(connection, queue) == a0
+
+    # A worker takes a1's message and claims it; a0's message is lost (a key deleted by hand, or
+    # a worker killed before kombu recorded it as unacked).
+    assert message_job(r.rpop(queue)) == str(a0)
+    assert message_job(r.rpop(queue)) == str(a1)
+    with client.session_factory.begin() as session:
+        assert store.claim_job(session, a1, worker="w", lease_s=60) is not None
+    # The queue has moved past a0 (its oldest message is now b0's, published later): a0 is lost.
+    assert client.sweep(older_than_s=0) == 1
+    assert [message_job(m) for m in r.lrange(queue, 0, -1)] == [str(a0)] + [str(i) for i in reversed(backlog)]
+    assert client.sweep(older_than_s=0) == 0  # a0 now waits too
+    assert r.llen(queue) == 4  # the backlog was never published twice
+    # Workers take the backlog; a0's new message is lost as well. With a grace, a loss is only
+    # declared that long after the queue moved past it.
+    for job_id in backlog:
+        assert message_job(r.rpop(queue)) == str(job_id)
+        with client.session_factory.begin() as session:
+            store.claim_job(session, job_id, worker="w", lease_s=60)
+    assert message_job(r.rpop(queue)) == str(a0) and r.llen(queue) == 0
+    assert client.sweep(older_than_s=3600) == 0
+    assert client.sweep(older_than_s=0) == 1
+    assert [message_job(m) for m in r.lrange(queue, 0, -1)] == [str(a0)]
