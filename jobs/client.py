@@ -19,7 +19,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Optional, Union
 
@@ -36,6 +36,9 @@ from jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest, check_jso
 from weir.config import Settings, get_settings
 
 logger = logging.getLogger(__name__)
+
+PUBLISH_ALLOWANCE_S = 600
+"""How long a producer may take to publish a stored batch (a million jobs take about 100 s)."""
 
 PUBLISH_RETRY_POLICY = {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
 """kombu's publish retry policy: a broker that stays unreachable for about 2 s fails the publish."""
@@ -355,10 +358,13 @@ class Client:
             self.prompt_checker.check_batch(parsed, first_index)
             validated = time.perf_counter()
             with self.session_factory.begin() as session:
-                # published_at: about to be published. No sweeper takes a job of a validating
-                # batch, and each chunk is stamped again just before its messages go.
+                # published_at: the latest time its message will have been published. No
+                # sweeper takes a job of a validating batch, each chunk is stamped again just
+                # before its messages go, and until then the sweeper (which takes queued jobs
+                # published before the queue's oldest message) leaves the rest alone; should
+                # this producer die, they are swept once that time has passed.
                 store.add_jobs(session, batch_id, parsed, first_index=first_index, model=self.model,
-                               published_at=utcnow())
+                               published_at=utcnow() + timedelta(seconds=PUBLISH_ALLOWANCE_S))
             timings.num_jobs += len(parsed)
             timings.validate_s += validated - started
             timings.store_s += time.perf_counter() - validated

@@ -200,10 +200,25 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    """Run Alembic migrations on ``WEIR_DATABASE_URL`` (or the local SQLite file)."""
+    """Run Alembic migrations on ``WEIR_DATABASE_URL`` (or the local SQLite file), or recount
+    unfinished batches (``reconcile``)."""
     import migrations
 
     url = get_settings().database.url()
+    if args.db_command == "reconcile":
+        from jobs import store
+        from jobs.db import engine_for, make_session_factory
+
+        engine = engine_for(get_settings().database)
+        try:
+            with make_session_factory(engine).begin() as session:
+                repaired = store.reconcile_batches(session)
+        finally:
+            engine.dispose()
+        for fix in repaired:
+            print(f"batch {fix.batch_id}: (succeeded, failed, cancelled, status) {fix.before} -> {fix.after}")
+        print(f"{len(repaired)} batches repaired")
+        return EXIT_OK
     if args.db_command == "upgrade":
         migrations.upgrade(url, args.revision)
     else:
@@ -276,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     upgrade.add_argument("revision", nargs="?", default="head")
     downgrade = db_commands.add_parser("downgrade", help="migrate down to REVISION ('base': drop all)")
     downgrade.add_argument("revision")
+    db_commands.add_parser("reconcile", help="recount unfinished batches from their jobs and repair their counters")
     db.set_defaults(func=cmd_db)
 
     health = commands.add_parser("health", help="exit 0 when this host's worker or beat answers a ping")

@@ -16,7 +16,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Optional
 
 from jobs import store
-from jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory
+from jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
 from jobs.schemas import parse_request
 from jobs.store import JobResult
 from weir.config import Settings, get_settings
@@ -65,7 +65,9 @@ class WorkerRuntime:
         self.settings = settings
         self.llm = None
         self.front = None
-        self.db_engine = engine_for(settings.database)
+        # No pre-ping: a checkout would wait on a silent database outside any watchdog; a dead
+        # pooled connection fails its first statement instead, which is retried.
+        self.db_engine = engine_for(settings.database, pool_pre_ping=False)
         self.session_factory = make_session_factory(self.db_engine)
         self._stopping = False
         self._running: set[Future] = set()
@@ -79,6 +81,7 @@ class WorkerRuntime:
         self._heartbeat: Optional[threading.Thread] = None
         self._heartbeat_stop = threading.Event()
         self.engine_failed = False
+        self._watchdog_s = settings.database.statement_timeout_s + 5.0
 
     @property
     def model_name(self) -> str:
@@ -142,7 +145,7 @@ class WorkerRuntime:
             if not leases:
                 continue
             try:
-                with self.session_factory.begin() as session:
+                with self.session_factory.begin() as session, watchdog(session, self._watchdog_s):
                     renewed = store.renew_leases(session, leases, worker=self._worker_name, lease_s=settings.lease_s)
             except Exception as exc:  # the next round tries again; the lease has slack for it
                 if not is_transient(exc):

@@ -45,6 +45,33 @@ def test_db_upgrade_and_downgrade(tmp_path):
     assert (down.returncode, down.stdout.strip()) == (0, "database at revision None")
 
 
+def test_db_reconcile_repairs_counters_changed_by_hand(tmp_path):
+    from sqlalchemy import update
+
+    from jobs import store
+    from jobs.db import Batch, BatchStatus, make_engine, make_session_factory
+    from jobs.schemas import GenerateRequest
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    session_factory = make_session_factory(engine)
+    with session_factory.begin() as session:
+        batch, [job] = store.create_batch(session, [GenerateRequest(prompt="p")], model="tiny")
+    with session_factory.begin() as session:
+        store.cancel_job(session, job.id)
+        session.execute(update(Batch).where(Batch.id == batch.id).values(
+            num_cancelled=0, status=BatchStatus.IN_PROGRESS, finished_at=None))
+    engine.dispose()
+    done = weir("db", "reconcile", env_overrides={"WEIR_DATABASE_URL": url})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"batch {batch.id}: (succeeded, failed, cancelled, status) (0, 0, 0, 'in_progress') -> (0, 0, 1, 'completed')",
+        "1 batches repaired"]
+    again = weir("db", "reconcile", env_overrides={"WEIR_DATABASE_URL": url})
+    assert again.stdout.splitlines() == ["0 batches repaired"]
+
+
 def test_enrich_missing_column(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("index,product\n1,Tea\n")

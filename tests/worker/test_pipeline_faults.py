@@ -185,3 +185,51 @@ def test_a_late_success_after_a_give_up_changes_nothing(start_worker, client, ho
     assert (final.status, final.num_failed, final.num_succeeded) == (BatchStatus.FAILED, 1, 0)
     assert effects("jobs", [job_id]) == {str(job_id): 1}
     assert effects("product_enrichment", [f"{products}-0"]) == {f"{products}-0": 0}
+
+
+def test_a_postgres_that_stops_answering_is_given_up_on_within_the_budget_and_nothing_is_lost(
+        start_worker, client, hooked, effects, worker_env, slow_model_dir):
+    import subprocess
+    import sys
+
+    from sqlalchemy import make_url
+
+    from tests.worker.test_faults import free_port
+
+    env, runs = hooked
+    proxy_port = free_port()
+    url = make_url(worker_env["WEIR_DATABASE_URL"])
+    proxy = subprocess.Popen([sys.executable, os.path.join(HERE, "tcp_proxy.py"), str(proxy_port), url.host,
+                              str(url.port or 5432)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proxy.stdout.readline().strip() == b"listening"
+    num_jobs = 40
+    try:
+        # Budget: a silent database fails a call after WEIR_STATEMENT_TIMEOUT_S + 5 s (the
+        # watchdog) or WEIR_CONNECT_TIMEOUT_S; calls are retried for WEIR_DB_RETRY_TIMEOUT_S.
+        worker = start_worker(**env, WEIR_DATABASE_URL=url.set(port=proxy_port).render_as_string(hide_password=False),
+                              WEIR_STATEMENT_TIMEOUT_S="1", WEIR_CONNECT_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="120",
+                              WEIR_MODEL=slow_model_dir, WEIR_LEASE_S="60")
+        batch_id, products = enqueue(client, num_jobs, max_tokens=48)
+        wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 8, what="8 jobs done")
+        proxy.send_signal(signal.SIGUSR1)  # held: connections stay open, nothing answers
+        time.sleep(1)
+        during = client.batch_status(batch_id).num_succeeded
+        time.sleep(10)
+        assert client.batch_status(batch_id).num_succeeded == during, "a result was stored without the database"
+        assert during < num_jobs
+        proxy.send_signal(signal.SIGUSR2)
+        started = time.monotonic()
+        client.wait(batch_id, timeout_s=120)
+        recovered_s = time.monotonic() - started
+
+        assert_each_succeeded_once(client, batch_id, num_jobs)
+        ids = job_ids(client, batch_id)
+        assert {runs()[str(i)] for i in ids.values()} == {1}  # the engine's results waited in memory
+        assert set(effects("jobs", ids.values()).values()) == {1}
+        assert set(effects("product_enrichment", [f"{products}-{i}" for i in range(num_jobs)]).values()) == {1}
+        log = worker.log()
+        assert "transient database error" in log and worker.is_alive()
+        assert recovered_s < 60, f"{recovered_s:.0f}s to drain after the database came back"
+    finally:
+        proxy.kill()
+        proxy.wait()

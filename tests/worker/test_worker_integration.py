@@ -3,6 +3,8 @@
 import time
 
 import pytest
+
+from tests.worker.test_faults import wait_until
 from sqlalchemy import func, select
 
 from jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
@@ -108,3 +110,31 @@ def test_nightly_enrichment_task_enqueues_a_catalog_batch(start_worker, client, 
             select(ProductEnrichment.product_id).where(ProductEnrichment.source_batch_id == batch.id)
             .order_by(ProductEnrichment.product_id)).all()
     assert products == ["1", "2"]
+
+
+def test_a_second_nightly_beat_for_the_same_slot_enqueues_nothing(start_worker, client, tmp_path):
+
+    from jobs import names
+    from jobs.db import Batch
+
+    catalog = tmp_path / "catalog.csv"
+    catalog.write_text("index,product,category,brand,description\r\n1,Green Tea,Beverages,Leafy,A tea.\r\n",
+                       encoding="utf-8")
+    worker = start_worker()
+    control = names.control_queue(client.queue)  # where beat sends it
+    slot = "2026-12-01T02:00:00+00:00"
+    for _ in range(3):  # a second beat, and a redelivery
+        client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog), slot], queue=control)
+    wait_until(lambda: worker.log().count(f"slot {slot}: enrichment batch") == 3, timeout_s=60, what="3 runs")
+
+    def num_batches():
+        with client.session_factory() as session:
+            return session.scalar(select(func.count()).select_from(Batch).where(
+                Batch.meta["catalog"].as_string() == str(catalog)))
+
+    assert num_batches() == 1
+    with client.session_factory() as session:
+        [key] = session.scalars(select(Batch.idempotency_key).where(Batch.meta["catalog"].as_string() == str(catalog)))
+    assert key == f"catalog:{catalog}@{slot}"
+    client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog), "2026-12-02T02:00:00+00:00"], queue=control)
+    wait_until(lambda: num_batches() == 2, timeout_s=60, what="the next night's batch")
