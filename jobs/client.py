@@ -407,13 +407,15 @@ class Client:
             raise PublishError(batch_id, num_jobs - num_published, exc) from exc
 
     def _publish_or_mark(
-        self, celery_app: Any, job_ids: list[uuid.UUID], batch_id: Optional[uuid.UUID]
+        self, celery_app: Any, job_ids: list[uuid.UUID], batch_id: Optional[uuid.UUID],
+        queue: Optional[str] = None,
     ) -> None:
-        """Publish one message per job, in this order, ``DEFAULT_CHUNK_SIZE`` per round trip; on
-        failure mark the jobs not yet published unpublished and raise PublishError."""
+        """Publish one message per job to ``queue`` (default: the model's), in this order,
+        ``DEFAULT_CHUNK_SIZE`` per round trip; on failure mark the jobs not yet published
+        unpublished and raise PublishError."""
         num_published = 0
         try:
-            with JobPublisher(celery_app, self.queue, PUBLISH_RETRY_POLICY) as publisher:
+            with JobPublisher(celery_app, queue or self.queue, PUBLISH_RETRY_POLICY) as publisher:
                 for start in range(0, len(job_ids), DEFAULT_CHUNK_SIZE):
                     chunk = job_ids[start:start + DEFAULT_CHUNK_SIZE]
                     publisher.publish(chunk)
@@ -453,7 +455,9 @@ class Client:
                 job_ids = take_lost_jobs(session, redis, model=self.model, queue=self.queue,
                                          grace_s=grace_s, limit=limit)
         if job_ids:
-            self._publish_or_mark(celery_app, job_ids, batch_id=None)
+            # To the control queue, which every worker of the model also consumes: a recovered
+            # job runs at once instead of waiting behind the backlog it was lost from.
+            self._publish_or_mark(celery_app, job_ids, batch_id=None, queue=names.control_queue(self.queue))
             logger.warning("sweep: published %d jobs again (no message for %gs)", len(job_ids), grace_s)
         return len(job_ids)
 

@@ -873,6 +873,7 @@ def take_jobs_to_publish(
     older_than: datetime,
     limit: int = 1000,
     queued_before: Optional[datetime] = None,
+    queued_before_job: Optional[tuple[uuid.UUID, int]] = None,
 ) -> list[uuid.UUID]:
     """Find jobs whose message is missing and stamp them published now (the sweeper's read).
 
@@ -884,7 +885,9 @@ def take_jobs_to_publish(
     - ``queued`` jobs last published before ``queued_before``: the caller passes the publish time
       of the oldest message still waiting in the queue (less a grace), before which every message
       has been taken from the queue, so such a job's message is lost; or ``older_than`` when the
-      queue is empty. None takes none of these.
+      queue is empty. None takes none of these. ``queued_before_job`` (batch id, index) also
+      takes the jobs of that batch published at exactly ``queued_before`` with a lower index (one
+      publish sends a batch's messages in index order under one time).
 
     Rows are taken with ``FOR UPDATE SKIP LOCKED``, so two sweepers never take the same job.
 
@@ -897,11 +900,17 @@ def take_jobs_to_publish(
              or_(Job.published_at.is_(None), Job.published_at < Job.lease_expires_at)),
     ]
     if queued_before is not None:
-        lost.append(and_(Job.status == JobStatus.QUEUED, Job.published_at < queued_before))
+        before = Job.published_at < queued_before
+        if queued_before_job is not None:
+            batch_id, index = queued_before_job
+            before = or_(before, and_(Job.published_at == queued_before, Job.batch_id == batch_id,
+                                      Job.batch_index < index))
+        lost.append(and_(Job.status == JobStatus.QUEUED, before))
     stmt = (
         select(Job.id)
         .where(Job.model == model, or_(*lost), _not_validating())
-        .order_by(Job.published_at.asc().nulls_first())
+        # The order they are published in again: a batch's jobs by index (see ``queued_before_job``).
+        .order_by(Job.published_at.asc().nulls_first(), Job.batch_id, Job.batch_index)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
@@ -911,9 +920,10 @@ def take_jobs_to_publish(
     return ids
 
 
-def published_at(session: Session, job_id: uuid.UUID) -> Optional[datetime]:
-    """When the job's message was last published (None: never, or no such job)."""
-    return session.scalar(select(Job.published_at).where(Job.id == job_id))
+def publish_position(session: Session, job_id: uuid.UUID) -> Optional[tuple[datetime, uuid.UUID, int]]:
+    """(``published_at``, batch id, batch index) of a job (None: never published, or no such job)."""
+    row = session.execute(select(Job.published_at, Job.batch_id, Job.batch_index).where(Job.id == job_id)).first()
+    return None if row is None or row[0] is None else (row[0], row[1], row[2])
 
 
 def mark_published(session: Session, job_ids: Sequence[uuid.UUID], when: Optional[datetime]) -> None:

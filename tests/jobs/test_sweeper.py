@@ -8,7 +8,7 @@ import uuid
 import pytest
 import redis as redis_lib
 
-from jobs import store
+from jobs import names, store
 from jobs.client import Client
 from jobs.schemas import GenerateRequest
 from jobs.sweeper import oldest_waiting_job
@@ -32,7 +32,8 @@ def redis_client_and_queue(postgres_url, tiny_model_dir, redis_url, tmp_path):
     client = Client(settings)
     r = redis_lib.Redis.from_url(redis_url)
     yield client, r, queue
-    r.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+    control = names.control_queue(queue)
+    r.delete(queue, control, *(f"_kombu.binding{kind}.{q}" for q in (queue, control) for kind in ("", "_permanent")))
     client.close()
 
 
@@ -60,18 +61,20 @@ def test_a_lost_message_is_published_again_and_the_waiting_backlog_is_not(redis_
     assert message_job(r.rpop(queue)) == str(a1)
     with client.session_factory.begin() as session:
         assert store.claim_job(session, a1, worker="w", lease_s=60) is not None
-    # The queue has moved past a0 (its oldest message is now b0's, published later): a0 is lost.
+    # The queue has moved past a0 (its oldest message is now b0's, published later): a0 is lost,
+    # and published again to the control queue, ahead of the backlog.
+    control = names.control_queue(queue)
     assert client.sweep(older_than_s=0) == 1
-    assert [message_job(m) for m in r.lrange(queue, 0, -1)] == [str(a0)] + [str(i) for i in reversed(backlog)]
+    assert [message_job(m) for m in r.lrange(control, 0, -1)] == [str(a0)]
     assert client.sweep(older_than_s=0) == 0  # a0 now waits too
-    assert r.llen(queue) == 4  # the backlog was never published twice
+    assert [message_job(m) for m in r.lrange(queue, 0, -1)] == [str(i) for i in reversed(backlog)]  # never twice
     # Workers take the backlog; a0's new message is lost as well. With a grace, a loss is only
     # declared that long after the queue moved past it.
     for job_id in backlog:
         assert message_job(r.rpop(queue)) == str(job_id)
         with client.session_factory.begin() as session:
             store.claim_job(session, job_id, worker="w", lease_s=60)
-    assert message_job(r.rpop(queue)) == str(a0) and r.llen(queue) == 0
+    assert message_job(r.rpop(control)) == str(a0) and r.llen(queue) == r.llen(control) == 0
     assert client.sweep(older_than_s=3600) == 0
     assert client.sweep(older_than_s=0) == 1
-    assert [message_job(m) for m in r.lrange(queue, 0, -1)] == [str(a0)]
+    assert [message_job(m) for m in r.lrange(control, 0, -1)] == [str(a0)]

@@ -233,3 +233,44 @@ def test_a_postgres_that_stops_answering_is_given_up_on_within_the_budget_and_no
     finally:
         proxy.kill()
         proxy.wait()
+
+
+def test_a_message_deleted_from_a_50000_job_backlog_is_recovered_and_the_backlog_is_not_republished(
+        start_worker, client, hooked, redis_url, queue):
+    import redis as redis_lib
+    from sqlalchemy import func, select
+
+    from jobs.db import Job
+
+    env, runs = hooked
+    num_jobs, lost_index, grace_s = 50_000, 49, 2.0
+    batch_id = client.enqueue_batch(GenerateRequest(prompt=f"Item {i}", custom_id=f"job-{i}", max_tokens=1)
+                                    for i in range(num_jobs))
+    r = redis_lib.Redis.from_url(redis_url)
+    assert r.llen(queue) == num_jobs
+    lost_message = r.lindex(queue, -1 - lost_index)  # the 50th oldest: gone from Redis
+    assert r.lrem(queue, 1, lost_message) == 1
+    with client.session_factory() as session:
+        lost_id = session.scalar(select(Job.id).where(Job.batch_id == batch_id, Job.batch_index == lost_index))
+    republished = client.sweep(older_than_s=grace_s)  # nothing is lost before the queue reaches it
+    assert republished == 0
+
+    start_worker(**env, WEIR_CONCURRENCY="8", WEIR_MAX_NUM_SEQS="8")
+    deadline = time.monotonic() + 120
+    while runs()[str(lost_id)] == 0:  # what beat does every WEIR_SWEEP_INTERVAL_S (here 0.5 s)
+        assert time.monotonic() < deadline, "the lost job was not recovered"
+        republished += client.sweep(older_than_s=grace_s)
+        time.sleep(0.5)
+    waiting = r.llen(queue)
+    client.cancel(batch_id)
+
+    assert republished == 1  # the lost one, and not one message of the backlog
+    assert waiting > num_jobs - 5_000  # recovered while the backlog waits
+    with client.session_factory() as session:
+        neighbours = session.scalar(select(func.max(Job.started_at)).where(
+            Job.batch_id == batch_id, Job.batch_index <= lost_index + 1, Job.id != lost_id))
+        lost = session.get(Job, lost_id)
+    # Bound: WEIR_SWEEP_INTERVAL_S + WEIR_SWEEP_AFTER_S after the queue reached it (its new
+    # message goes to the control queue, ahead of the backlog), plus a second of slack.
+    late_s = (lost.started_at - neighbours).total_seconds()
+    assert lost.attempts == 1 and late_s < 0.5 + grace_s + 1.0, late_s
