@@ -1,10 +1,11 @@
 """A TCP proxy process for fault tests: ``python tcp_proxy.py LISTEN_PORT TARGET_HOST TARGET_PORT``.
 
 Killing the process drops every connection through it at once, as a database failover or a
-network cut would; starting it again on the same port brings the path back. SIGUSR1 makes it
-hold instead: every connection stays open and new ones are accepted, but nothing is relayed
-either way, as a frozen host or a stuck middlebox would (the kernel still acknowledges every
-byte, so neither TCP keepalives nor user timeouts notice). SIGUSR2 lets traffic flow again.
+network cut would; starting it again on the same port brings the path back. SIGUSR1 turns it
+into a black hole instead: every connection stays open and new ones are accepted, but what
+arrives is read and dropped, as a frozen host behind a middlebox would do (the kernel still
+acknowledges every byte, so neither TCP keepalives nor user timeouts notice). SIGUSR2 lets new
+connections through again; those opened before stay black holes for good.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ import time
 
 flowing = threading.Event()
 flowing.set()
+opened_since_flowing = [0.0]  # connections opened before this time (or while held) drop everything
 
 
-def pipe(source: socket.socket, sink: socket.socket) -> None:
+def pipe(source: socket.socket, sink: socket.socket, opened_at: float) -> None:
     try:
         while True:
             data = source.recv(65536)
             if not data:
                 break
-            while not flowing.is_set():  # held: keep the bytes, relay nothing
-                time.sleep(0.05)
+            if not flowing.is_set() or opened_at < opened_since_flowing[0]:
+                continue  # a black hole: read, drop, answer nothing
             sink.sendall(data)
     except OSError:
         pass
@@ -39,8 +41,15 @@ def pipe(source: socket.socket, sink: socket.socket) -> None:
 
 
 def serve(listen_port: int, target_host: str, target_port: int) -> None:
-    signal.signal(signal.SIGUSR1, lambda *_: flowing.clear())
-    signal.signal(signal.SIGUSR2, lambda *_: flowing.set())
+    def hold(*_):
+        flowing.clear()
+
+    def release(*_):
+        opened_since_flowing[0] = time.monotonic()
+        flowing.set()
+
+    signal.signal(signal.SIGUSR1, hold)
+    signal.signal(signal.SIGUSR2, release)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("127.0.0.1", listen_port))
@@ -53,8 +62,9 @@ def serve(listen_port: int, target_host: str, target_port: int) -> None:
         except OSError:
             client.close()
             continue
+        opened_at = time.monotonic() if flowing.is_set() else float("-inf")
         for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+            threading.Thread(target=pipe, args=(a, b, opened_at), daemon=True).start()
 
 
 if __name__ == "__main__":

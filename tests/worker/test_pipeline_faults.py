@@ -84,13 +84,16 @@ def job_ids(client, batch_id):
 
 def test_a_tiny_pool_under_many_threads_fails_no_job(start_worker, client, hooked, effects):
     env, runs = hooked
-    num_jobs = 120
-    # 16 task threads, one pooled connection (+1 overflow) and a 50 ms pool wait: the group
-    # writer and the lease renewer (every 50 ms) contend for it, and pool waits time out.
-    start_worker(**env, WEIR_CONCURRENCY="16", WEIR_MAX_NUM_SEQS="16", WEIR_POOL_SIZE="1",
-                 WEIR_POOL_TIMEOUT_S="0.05", WEIR_CANCEL_POLL_INTERVAL_S="0.05", WEIR_LEASE_S="5")
+    num_jobs = 60
+    # 16 task threads, one pooled connection (+1 overflow) and a 1 ms pool wait: the two group
+    # writers and the lease renewer (every 20 ms) contend for them, and pool waits time out.
+    worker = start_worker(**env, WEIR_CONCURRENCY="16", WEIR_MAX_NUM_SEQS="16", WEIR_POOL_SIZE="1",
+                          WEIR_POOL_TIMEOUT_S="0.001", WEIR_CANCEL_POLL_INTERVAL_S="0.02", WEIR_LEASE_S="5")
     batch_id, products = enqueue(client, num_jobs, max_tokens=4)
     client.wait(batch_id, timeout_s=180)
+    log = worker.log()
+    assert "QueuePool limit" in log  # pool waits did time out
+    assert "unexpected error" not in log  # and each was retried as transient, not as a task error
 
     assert_each_succeeded_once(client, batch_id, num_jobs)
     ids = job_ids(client, batch_id)
@@ -211,7 +214,7 @@ def test_a_postgres_that_stops_answering_is_given_up_on_within_the_budget_and_no
                               WEIR_MODEL=slow_model_dir, WEIR_LEASE_S="60")
         batch_id, products = enqueue(client, num_jobs, max_tokens=48)
         wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 8, what="8 jobs done")
-        proxy.send_signal(signal.SIGUSR1)  # held: connections stay open, nothing answers
+        proxy.send_signal(signal.SIGUSR1)  # a black hole: connections stay open, nothing answers
         time.sleep(1)
         during = client.batch_status(batch_id).num_succeeded
         time.sleep(10)
