@@ -300,6 +300,8 @@ class Client:
         if first is _NO_REQUEST:
             raise ValueError("enqueue_batch needs at least one request")
         celery_app = self.celery_app
+        if idempotency_key is not None and not (isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 300):
+            raise ValueError("idempotency_key must be a string of 1 to 300 characters")
         _check_broker(celery_app)
         batch_id, is_new = self._begin_batch(metadata, idempotency_key)
         if not is_new:

@@ -77,11 +77,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
         concurrency=_concurrency(settings),
         queues=[queue, control_queue(queue)],
         loglevel=args.loglevel,
-        beat=args.beat,
         without_mingle=True,
         without_gossip=True,
     )
-    controller.start()
+    beat = None
+    if args.beat:
+        # Beat in a thread of this process, not Celery's forked child: a worker killed with
+        # SIGKILL takes its beat along instead of leaving an orphan that schedules on forever.
+        from celery.beat import EmbeddedService
+
+        beat = EmbeddedService(app, thread=True)
+        beat.start()
+    try:
+        controller.start()
+    finally:
+        if beat is not None:
+            beat.stop()
     return controller.exitcode or EXIT_OK
 
 

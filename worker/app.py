@@ -30,13 +30,21 @@ MAX_RESTORE_INTERVAL_S = 10
 
 
 def transport_options(settings: Settings) -> dict:
-    """kombu Redis transport options: the visibility timeout, and a scan for expired unacked
-    messages every ``min(10, visibility_timeout / 4)`` seconds (kombu's own default is ~100 s)."""
+    """kombu Redis transport options: the visibility timeout, a scan for expired unacked
+    messages every ``min(10, visibility_timeout / 4)`` seconds (kombu's own default is ~100 s),
+    and unacked-message keys of the model's queue's own (``<queue>.unacked``, ``.unacked_index``,
+    ``.unacked_mutex``): kombu's default keys are shared by every consumer of the Redis
+    database, so another deployment's shorter visibility timeout would restore this one's
+    messages while they run."""
     visibility_timeout_s = settings.worker.visibility_timeout_s
+    queue = names.queue_for_model(settings.engine.model, settings.worker.queue)
     return {
         "visibility_timeout": visibility_timeout_s,
         "unacked_restore_interval": max(1, min(MAX_RESTORE_INTERVAL_S, visibility_timeout_s // 4)),
         "unacked_restore_throttle": 1,
+        "unacked_key": f"{queue}.unacked",
+        "unacked_index_key": f"{queue}.unacked_index",
+        "unacked_mutex_key": f"{queue}.unacked_mutex",
     }
 
 

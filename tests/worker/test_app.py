@@ -32,6 +32,8 @@ def test_expired_messages_are_looked_for_every_quarter_visibility_timeout_at_mos
         return transport_options(Settings(worker=WorkerSettings(visibility_timeout_s=visibility_timeout_s)))
 
     assert options(3600) == {"visibility_timeout": 3600, "unacked_restore_interval": 10,
-                             "unacked_restore_throttle": 1}
+                             "unacked_restore_throttle": 1, "unacked_key": "weir.SmolLM2-135M-Instruct.unacked",
+                             "unacked_index_key": "weir.SmolLM2-135M-Instruct.unacked_index",
+                             "unacked_mutex_key": "weir.SmolLM2-135M-Instruct.unacked_mutex"}
     assert options(8)["unacked_restore_interval"] == 2
     assert options(2)["unacked_restore_interval"] == 1
