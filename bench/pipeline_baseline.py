@@ -6,9 +6,9 @@ Started by the benchmark as::
 
 It reads the same ``WEIR_*`` variables as ``weir worker`` (through :mod:`weir.config`):
 ``WEIR_BROKER_URL``, ``WEIR_QUEUE`` and ``WEIR_DATABASE_URL``. Its delivery settings are weir's
-own: the same Redis transport options (:func:`worker.app.transport_options`), ``task_acks_late``,
+own (:func:`worker.app.delivery_conf`: the Redis transport options, ``task_acks_late``,
 ``task_reject_on_worker_lost``, ``worker_prefetch_multiplier=1``, JSON messages, no result
-backend. Its database engine is built the same way (:func:`jobs.db.make_engine`, default pool).
+backend). Its database engine is built the same way (:func:`jobs.db.make_engine`, default pool).
 
 The task takes one id string, as ``weir.run_job`` does, and in one transaction upserts the row
 ``(id, output_text, finished_at)`` of :data:`TABLE` (created by the benchmark), stamping
@@ -28,7 +28,7 @@ from sqlalchemy import Engine, text
 
 from jobs.db import make_engine
 from weir.config import get_settings
-from worker.app import transport_options
+from worker.app import delivery_conf
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +47,7 @@ UPSERT = text(
 
 settings = get_settings()
 app = Celery("weir-pipeline-baseline", broker=settings.worker.broker_url)
-app.conf.update(
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
-    task_ignore_result=True,
-    result_backend=None,
-    task_serializer="json",
-    accept_content=["json"],
-    task_default_queue=settings.worker.queue,
-    broker_transport_options=transport_options(settings),
-    broker_connection_retry_on_startup=True,
-)
+app.conf.update(**delivery_conf(settings))  # exactly weir's delivery settings
 
 _engine: Optional[Engine] = None
 _engine_lock = threading.Lock()

@@ -48,11 +48,11 @@ def transport_options(settings: Settings) -> dict:
     }
 
 
-def make_app(settings: Settings) -> Celery:
-    """Build the Celery app for ``settings`` (broker, queue, delivery guarantees, beat schedule)."""
-    queue = names.queue_for_model(settings.engine.model, settings.worker.queue)
-    app = Celery("weir", broker=settings.worker.broker_url or EMBEDDED_BROKER_URL, include=["worker.tasks"])
-    app.conf.update(
+def delivery_conf(settings: Settings) -> dict:
+    """Celery settings of at-least-once delivery (see the module docstring): late acks, a lost
+    worker's messages redelivered, one message reserved per thread, no result backend, JSON, the
+    model's queue and the Redis transport options. ``bench.pipeline``'s baseline uses the same."""
+    return dict(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -60,9 +60,17 @@ def make_app(settings: Settings) -> Celery:
         result_backend=None,
         task_serializer="json",
         accept_content=["json"],
-        task_default_queue=queue,
+        task_default_queue=names.queue_for_model(settings.engine.model, settings.worker.queue),
         broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
+    )
+
+
+def make_app(settings: Settings) -> Celery:
+    """Build the Celery app for ``settings`` (broker, queue, delivery guarantees, beat schedule)."""
+    app = Celery("weir", broker=settings.worker.broker_url or EMBEDDED_BROKER_URL, include=["worker.tasks"])
+    app.conf.update(
+        **delivery_conf(settings),
         broker_connection_max_retries=None,  # a worker outlives any broker restart
         worker_consumer="worker.app:DeadLetterConsumer",
         worker_concurrency=settings.worker.concurrency or settings.engine.max_num_seqs,
