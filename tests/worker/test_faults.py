@@ -253,13 +253,16 @@ def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, 
         proxy.wait()
 
 
-def test_redelivery_past_a_short_visibility_timeout_runs_the_job_once(start_worker, client, slow_model_dir):
+def test_redelivery_past_a_short_visibility_timeout_runs_the_job_once(start_worker, client, worker_env,
+                                                                     slow_model_dir):
     # The job runs past the visibility timeout: Redis delivers its message again while it runs.
     # The second delivery finds a live lease, and runs nothing; one transaction wrote the result
     # and the enrichment.
+    hook = os.path.join(HERE, "crash_hook")
     worker = start_worker(WEIR_MODEL=slow_model_dir, WEIR_VISIBILITY_TIMEOUT_S="1", WEIR_JOB_TIMEOUT_S="30",
                           WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_LEASE_S="5",
-                          WEIR_CANCEL_POLL_INTERVAL_S="0.5")
+                          WEIR_CANCEL_POLL_INTERVAL_S="0.5", WEIR_TEST_RUN_SLEEP_S="4",  # 4 s in its run
+                          PYTHONPATH=hook + os.pathsep + worker_env["PYTHONPATH"])
     product_id = f"dup-{uuid.uuid4().hex[:8]}"
     batch_id = client.enqueue_batch([GenerateRequest(prompt="A slow one", max_tokens=480, temperature=0,
                                                      metadata={"product_id": product_id})])

@@ -4,6 +4,8 @@
   prompt contains the marker (a job that crashes the worker every time).
 - ``WEIR_TEST_RUN_LOG``: a file; every engine run of a job (each ``WorkerRuntime.run``) appends
   one line ``<job id>`` to it, so a test counts engine runs per job, an effect, not rows.
+- ``WEIR_TEST_RUN_SLEEP_S``: every engine run waits this long first (a slow job, whatever the
+  engine's speed).
 - ``WEIR_TEST_STEP_FAILURES``: the first N engine steps of this process raise (``always``: every
   step), as a device error would.
 """
@@ -13,8 +15,9 @@ import os
 _marker = os.environ.get("WEIR_TEST_CRASH_MARKER")
 _run_log = os.environ.get("WEIR_TEST_RUN_LOG")
 _step_failures = os.environ.get("WEIR_TEST_STEP_FAILURES")
+_run_sleep_s = float(os.environ.get("WEIR_TEST_RUN_SLEEP_S") or 0)
 
-if _marker or _run_log:
+if _marker or _run_log or _run_sleep_s:
     import signal
 
     from worker import runtime as _runtime
@@ -27,6 +30,10 @@ if _marker or _run_log:
                 f.write(f"{job.id}\n")
         if _marker and _marker in str(job.request.get("prompt")):
             os.kill(os.getpid(), signal.SIGKILL)
+        if _run_sleep_s:
+            import time
+
+            time.sleep(_run_sleep_s)
         return _run(self, job, **kwargs)
 
     _runtime.WorkerRuntime.run = _hooked_run
