@@ -37,6 +37,9 @@ from weir.config import Settings, get_settings
 
 logger = logging.getLogger(__name__)
 
+STALE_VALIDATING_S = 3600
+"""A batch still ``validating`` this long after its creation lost its producer; the sweeper deletes it."""
+
 PUBLISH_ALLOWANCE_S = 600
 """How long a producer may take to publish a stored batch (a million jobs take about 100 s)."""
 
@@ -434,7 +437,8 @@ class Client:
     def sweep(self, older_than_s: Optional[float] = None, *, limit: int = 10_000) -> int:
         """Publish again the jobs of this client's model whose message is missing (see
         :mod:`jobs.sweeper`: never-published jobs, expired leases, and queued jobs the queue has
-        moved past, whatever the backlog; a waiting backlog is never re-published).
+        moved past, whatever the backlog; a waiting backlog is never re-published). Batches left
+        ``validating`` for ``STALE_VALIDATING_S`` by a producer that died are deleted.
 
         Args:
             older_than_s: the grace in seconds; default ``WEIR_SWEEP_AFTER_S`` (60 s).
@@ -456,6 +460,11 @@ class Client:
             with self.session_factory.begin() as session:
                 job_ids = take_lost_jobs(session, redis, model=self.model, queue=self.queue,
                                          grace_s=grace_s, limit=limit)
+        with self.session_factory.begin() as session:
+            stale = store.delete_stale_validating(
+                session, created_before=utcnow() - timedelta(seconds=STALE_VALIDATING_S))
+        if stale:
+            logger.warning("sweep: deleted %d batches left validating by a producer that died", len(stale))
         if job_ids:
             # To the control queue, which every worker of the model also consumes: a recovered
             # job runs at once instead of waiting behind the backlog it was lost from.

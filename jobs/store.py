@@ -288,6 +288,24 @@ def delete_batch(session: Session, batch_id: uuid.UUID) -> None:
     session.execute(delete(Batch).where(Batch.id == batch_id).execution_options(synchronize_session=False))
 
 
+def delete_stale_validating(session: Session, *, created_before: datetime) -> list[uuid.UUID]:
+    """Delete the ``validating`` batches created before ``created_before`` with their jobs (not
+    committed): their producer died while storing them, nothing of them was published, and each
+    would otherwise hold its ``idempotency_key`` for good (a nightly run's retry would find the
+    key taken and enqueue nothing).
+
+    Returns:
+        The ids deleted.
+    """
+    stale = list(session.execute(
+        select(Batch.id).where(Batch.status == BatchStatus.VALIDATING, Batch.created_at < created_before)
+        .with_for_update(skip_locked=True)
+    ).scalars())
+    if stale:
+        session.execute(delete(Batch).where(Batch.id.in_(stale)).execution_options(synchronize_session=False))
+    return stale
+
+
 def stamp_published(
     session: Session, batch_id: uuid.UUID, first_index: int, num_jobs: int, when: Optional[datetime]
 ) -> list[uuid.UUID]:

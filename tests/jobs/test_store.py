@@ -402,3 +402,25 @@ def test_dead_letters_keep_body_and_reason(session_factory):
                                       DeadLetter.message_id).order_by(DeadLetter.received_at)).all()
     assert rows[-2:] == [("{not json\ufffd", "cannot decode", "q", None, None),
                          ("{'args': [1]}", "bad args", None, "weir.run_job", "m-1")]
+
+
+def test_a_batch_left_validating_by_a_dead_producer_is_deleted_and_frees_its_key(session_factory):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from jobs.db import Batch, utcnow
+
+    key = f"catalog:/c.csv@{uuid.uuid4().hex}"
+    with session_factory.begin() as session:
+        stale = store.begin_batch(session, model="tiny", idempotency_key=key)
+        fresh = store.begin_batch(session, model="tiny")
+        session.execute(update(Batch).where(Batch.id == stale.id).values(created_at=utcnow() - timedelta(hours=2)))
+    batch_id, _ = make_batch(session_factory)  # queued: never touched
+    with session_factory.begin() as session:
+        assert store.delete_stale_validating(session, created_before=utcnow() - timedelta(hours=1)) == [stale.id]
+    with session_factory() as session:
+        assert session.get(Batch, stale.id) is None
+        assert session.get(Batch, fresh.id) is not None and session.get(Batch, batch_id) is not None
+    with session_factory.begin() as session:  # the key is free again
+        assert store.begin_batch(session, model="tiny", idempotency_key=key).idempotency_key == key
