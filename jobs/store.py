@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Optional, Sequence
 
-from sqlalchemy import String, and_, case, cast, delete, func, insert, literal, or_, select, text, tuple_, update
+from sqlalchemy import and_, case, delete, func, insert, or_, select, text, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -46,7 +46,6 @@ from jobs.db import (
     Job,
     JobKind,
     JobStatus,
-    ProductEnrichment,
     utcnow,
 )
 from jobs.schemas import JobRequest, check_json
@@ -94,18 +93,6 @@ class JobResult:
 
 def _text(value: Optional[str]) -> Optional[str]:
     return None if value is None else value.replace("\x00", NUL_REPLACEMENT)
-
-
-def _insert(session: Session, model: type) -> Any:
-    """The dialect's ``insert`` construct (it alone has ``on_conflict_do_update``)."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    elif dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    else:
-        raise NotImplementedError(f"upserts are written for postgresql and sqlite, not {dialect}")
-    return insert(model)
 
 
 def create_batch(
@@ -354,15 +341,6 @@ _jobs = Job.__table__
 _batches = Batch.__table__
 # The hot statements below are Core statements on the tables (compiled once and cached), not ORM
 # bulk operations, whose per-row bookkeeping costs more than the database work.
-
-
-def _claimable(now: datetime):
-    """Jobs a claim may take: queued, or running under an expired lease (a dead holder)."""
-    jobs = _jobs.c
-    return or_(
-        jobs.status == JobStatus.QUEUED,
-        and_(jobs.status == JobStatus.RUNNING, or_(jobs.lease_expires_at.is_(None), jobs.lease_expires_at <= now)),
-    )
 
 
 def _not_validating():

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Callable, Optional
+from typing import Optional
 
 from jobs import store
 from jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
@@ -70,6 +69,7 @@ class WorkerRuntime:
         self.db_engine = engine_for(settings.database, pool_pre_ping=False)
         self.session_factory = make_session_factory(self.db_engine)
         self._stopping = False
+        self._grace_over = False  # warm shutdown's grace period is over: pending writes give up
         self._running: set[Future] = set()
         self._running_lock = threading.Lock()
         self._grace_timer: Optional[threading.Timer] = None
@@ -114,13 +114,11 @@ class WorkerRuntime:
                     retry_timeout_s=settings.db_retry_timeout_s,
                     statement_timeout_s=self.settings.database.statement_timeout_s,
                     max_jobs=settings.commit_max_jobs, max_wait_s=settings.commit_max_wait_s,
-                    is_stopping=lambda: self._stopping and self._grace_over,
+                    is_stopping=lambda: self._grace_over,
                 )
                 self._heartbeat = threading.Thread(target=self._renew_leases, name="weir-leases", daemon=True)
                 self._heartbeat.start()
             return self.committer
-
-    _grace_over = False
 
     def hold(self, job: Job) -> None:
         """Register a claimed job's lease, renewed from now on until :meth:`drop`."""
