@@ -149,8 +149,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     systems = args.systems.split(",")
 
-    from engine import LLM
-    from engine.loader import resolve_model
+    from weir.engine import LLM
+    from weir.engine.loader import resolve_model
 
     llm = LLM(args.model, dtype="float32", max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024)

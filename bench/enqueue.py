@@ -7,7 +7,7 @@ Needs Redis (``WEIR_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/0``) and 
 (``WEIR_TEST_POSTGRES_URL``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``);
 it creates a fresh database and a private queue and removes both at the end. No worker runs: the
 queue keeps every message until the end (about 1.2 KB of Redis memory per message, so 1,000,000
-jobs take about 1.2 GB). The tokenizer is the one of :func:`jobs.testing.save_tiny_chat_model`
+jobs take about 1.2 GB). The tokenizer is the one of :func:`weir.jobs.testing.save_tiny_chat_model`
 (SmolLM2's).
 
 The requests are produced by a generator of dicts, so the client parses each one. Printed: jobs/s
@@ -66,9 +66,9 @@ def peak_rss_mb() -> float:
 def run(args: argparse.Namespace) -> int:
     import redis
 
-    import migrations
-    from jobs.client import Client
-    from jobs.testing import temporary_postgres_database
+    from weir import migrations
+    from weir.jobs.client import Client
+    from weir.jobs.testing import temporary_postgres_database
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
     broker = redis.Redis.from_url(args.redis_url)
@@ -76,13 +76,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"redis used_memory before: {redis_before / 2**20:.0f} MiB", flush=True)
     queue = f"weir.enqueue-{uuid.uuid4().hex[:8]}"
     handler = TimingsHandler()
-    logging.getLogger("jobs.client").addHandler(handler)
-    logging.getLogger("jobs.client").setLevel(logging.INFO)
+    logging.getLogger("weir.jobs.client").addHandler(handler)
+    logging.getLogger("weir.jobs.client").setLevel(logging.INFO)
     with tempfile.TemporaryDirectory(prefix="weir-enqueue-") as workdir, \
             temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_enqueue_") as database_url:
         model_dir = os.path.join(workdir, "tiny-chat-llama")
         # Saved by a child process: torch and the model weights stay out of this process's peak RSS.
-        subprocess.run([sys.executable, "-c", "import sys; from jobs.testing import save_tiny_chat_model; "
+        subprocess.run([sys.executable, "-c", "import sys; from weir.jobs.testing import save_tiny_chat_model; "
                         "save_tiny_chat_model(sys.argv[1])", model_dir], cwd=REPO_ROOT, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         migrations.upgrade(database_url)

@@ -43,8 +43,8 @@ def main(argv=None) -> int:
 
     from transformers import AutoModelForCausalLM
 
-    from engine import LLM, SamplingParams
-    from engine.loader import resolve_model
+    from weir.engine import LLM, SamplingParams
+    from weir.engine.loader import resolve_model
 
     llm = LLM(args.model, dtype=dtype, device=args.device, max_model_len=1024, enforce_eager=args.enforce_eager)
     prompts = [llm.encode_prompt(m) for m in w_gen_messages(args.n)]

@@ -122,7 +122,7 @@ def measure_peaks(device: torch.device, dtype: torch.dtype) -> dict:
 
 
 def run_weir(config, requests, args, dtype: str) -> tuple[float, int, dict]:
-    from engine import LLM, SamplingParams
+    from weir.engine import LLM, SamplingParams
 
     llm = LLM(config, load_format="dummy", skip_tokenizer_init=True, dtype=dtype, device=args.device,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

@@ -13,9 +13,9 @@ per run, and removes both at the end, with every process it started.
 What runs:
 
 - weir: N generation jobs (``max_tokens=1``, temperature 0, prompt ``"Product {i}: describe it."``)
-  enqueued as one batch with :meth:`jobs.client.Client.enqueue_batch` (validation, batch and job
+  enqueued as one batch with :meth:`weir.jobs.client.Client.enqueue_batch` (validation, batch and job
   rows, one message per job) to ``python -m weir worker`` subprocesses on the 2-layer
-  :func:`jobs.testing.save_tiny_chat_model` (random weights),
+  :func:`weir.jobs.testing.save_tiny_chat_model` (random weights),
   ``WEIR_CONCURRENCY = WEIR_MAX_NUM_SEQS = --concurrency``. The engine is nearly free, so the
   figure is the price of weir's delivery and bookkeeping per job.
 - baseline: :mod:`bench.pipeline_baseline`, a bare Celery app with weir's broker and delivery
@@ -162,7 +162,7 @@ class Bench:
         import redis
         from sqlalchemy import make_url
 
-        from jobs.db import make_engine
+        from weir.jobs.db import make_engine
 
         self.args = args
         self.workdir = workdir
@@ -244,7 +244,7 @@ class Bench:
     def query(self, fn: Callable[..., T]) -> T:
         """Run ``fn(connection)`` in one transaction on a connection that is closed afterwards
         (so that its statistics are flushed and it is not counted as a worker's backend)."""
-        from jobs.db import make_engine
+        from weir.jobs.db import make_engine
 
         engine = make_engine(self.database_url)
         try:
@@ -279,7 +279,7 @@ class Bench:
     # -- weir ------------------------------------------------------------------------------------
 
     def client(self, queue: str):
-        from jobs.client import Client
+        from weir.jobs.client import Client
         from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
         client = Client(
@@ -301,8 +301,8 @@ class Bench:
         """
         from sqlalchemy import select
 
-        from jobs.db import Job, JobStatus
-        from jobs.schemas import GenerateRequest
+        from weir.jobs.db import Job, JobStatus
+        from weir.jobs.schemas import GenerateRequest
 
         queue = self.new_queue("weir")
         client = self.client(queue)
@@ -377,8 +377,8 @@ class Bench:
         from sqlalchemy import func, select, table, column, text
 
         from bench.pipeline_baseline import STORE_RESULT, TABLE
-        from jobs.client import PUBLISH_RETRY_POLICY
-        from jobs.db import make_engine
+        from weir.jobs.client import PUBLISH_RETRY_POLICY
+        from weir.jobs.db import make_engine
 
         results = table(TABLE, column("finished_at"))
         queue = self.new_queue("baseline")
@@ -485,8 +485,8 @@ def drain(bench: Bench, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import migrations
-    from jobs.testing import save_tiny_chat_model, temporary_postgres_database
+    from weir import migrations
+    from weir.jobs.testing import save_tiny_chat_model, temporary_postgres_database
 
     workdir = tempfile.mkdtemp(prefix="weir-pipeline-")
     model_dir = save_tiny_chat_model(os.path.join(workdir, "tiny-chat-llama"))

@@ -6,13 +6,13 @@ Started by the benchmark as::
 
 It reads the same ``WEIR_*`` variables as ``weir worker`` (through :mod:`weir.config`):
 ``WEIR_BROKER_URL``, ``WEIR_QUEUE`` and ``WEIR_DATABASE_URL``. Its delivery settings are weir's
-own (:func:`worker.app.delivery_conf`: the Redis transport options, ``task_acks_late``,
+own (:func:`weir.worker.app.delivery_conf`: the Redis transport options, ``task_acks_late``,
 ``task_reject_on_worker_lost``, ``worker_prefetch_multiplier=1``, JSON messages, no result
-backend). Its database engine is built the same way (:func:`jobs.db.make_engine`, default pool).
+backend). Its database engine is built the same way (:func:`weir.jobs.db.make_engine`, default pool).
 
 The task takes one id string, as ``weir.run_job`` does, and in one transaction upserts the row
 ``(id, output_text, finished_at)`` of :data:`TABLE` (created by the benchmark), stamping
-``finished_at`` with the worker's clock, as weir stamps ``jobs.finished_at``. That is the least a
+``finished_at`` with the worker's clock, as weir stamps ``weir.jobs.finished_at``. That is the least a
 queue-to-database pipeline does per message; weir's figure is judged against it.
 """
 
@@ -26,9 +26,9 @@ from typing import Optional
 from celery import Celery, signals
 from sqlalchemy import Engine, text
 
-from jobs.db import make_engine
+from weir.jobs.db import make_engine
 from weir.config import get_settings
-from worker.app import delivery_conf
+from weir.worker.app import delivery_conf
 
 logger = logging.getLogger(__name__)
 

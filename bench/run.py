@@ -33,7 +33,7 @@ def useful_tokens(ids: list[int], eos: set[int]) -> int:
 
 
 def run_weir(llm, prompts, repeats):
-    from engine import SamplingParams
+    from weir.engine import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=W_GEN_MAX_TOKENS)
     llm.generate(prompts[:2], sp)  # warm-up
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     systems = args.systems.split(",")
 
-    from engine import LLM
-    from engine.loader import resolve_model
+    from weir.engine import LLM
+    from weir.engine.loader import resolve_model
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=max(64, args.n), max_model_len=1024)
     prompts = [llm.encode_prompt(m) for m in w_gen_messages(args.n)]

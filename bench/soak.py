@@ -8,7 +8,7 @@ Needs Redis (``WEIR_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/0``) and 
 it creates a fresh database and a private queue and removes both at the end. The visibility
 timeout is 8 s, leases last 6 s, and the sweeper runs every 5 s (grace 3 s), as ``weir worker
 --beat`` would run it. The model is
-:func:`jobs.testing.save_tiny_chat_model` (random weights), so the run measures delivery, not
+:func:`weir.jobs.testing.save_tiny_chat_model` (random weights), so the run measures delivery, not
 inference. Each killed worker is started again at once. At the end it counts, from the database:
 
 - ``lost``: jobs not ``succeeded`` (queued, running, failed or cancelled) once the batch finished
@@ -18,7 +18,7 @@ inference. Each killed worker is started again at once. At the end it counts, fr
 - ``redelivered``: jobs started more than once (``attempts > 1``), which is allowed;
 - engine runs per job (each logged by the fault tests' hook, ``tests/worker/crash_hook``): no
   job may run more often than its ``attempts``;
-- batches whose counters differ from a recount (:func:`jobs.store.reconcile_batches`);
+- batches whose counters differ from a recount (:func:`weir.jobs.store.reconcile_batches`);
 
 and prints them with the throughput (jobs per second from the first publish to the last result).
 Exit status 0 when all of lost, duplicated, jobs over their attempts and drifted batches are 0.
@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
     import redis
     from sqlalchemy import func, select
 
-    import migrations
-    from jobs import store
-    from jobs.client import Client
-    from jobs.db import Job, JobStatus, ProductEnrichment
-    from jobs.schemas import GenerateRequest
-    from jobs.testing import save_tiny_chat_model, temporary_postgres_database
+    from weir import migrations
+    from weir.jobs import store
+    from weir.jobs.client import Client
+    from weir.jobs.db import Job, JobStatus, ProductEnrichment
+    from weir.jobs.schemas import GenerateRequest
+    from weir.jobs.testing import save_tiny_chat_model, temporary_postgres_database
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
     rng = random.Random(args.seed)

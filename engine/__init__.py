@@ -2,7 +2,7 @@
 
 Public API::
 
-    from engine import LLM, SamplingParams, EngineFront
+    from weir.engine import LLM, SamplingParams, EngineFront   # LLM and SamplingParams: also `from weir import`
     llm = LLM(model=None)                # None: the packaged SmolLM2-135M-Instruct GGUF
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))
     cls = llm.classify(["Is water wet?"], ["yes", "no"])
@@ -10,8 +10,8 @@ Public API::
     fut = front.submit_generate(prompt, params)   # -> concurrent.futures.Future[RequestOutput]
 """
 
-from engine.outputs import ClassificationOutput, CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
+from weir.engine.outputs import ClassificationOutput, CompletionOutput, RequestOutput
+from weir.engine.sampling_params import SamplingParams
 
 __all__ = [
     "LLM",
@@ -25,11 +25,11 @@ __all__ = [
 
 def __getattr__(name):  # lazy: importing engine must not pull torch for light users
     if name == "LLM":
-        from engine.llm import LLM
+        from weir.engine.llm import LLM
 
         return LLM
     if name == "EngineFront":
-        from engine.front import EngineFront
+        from weir.engine.front import EngineFront
 
         return EngineFront
     raise AttributeError(name)

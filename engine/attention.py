@@ -35,7 +35,7 @@ class PrefillSeq:
 
 @dataclass
 class VarlenMeta:
-    """Tokens that read cached context through the CPU kernel (``kernels.cpu_paged_attention``):
+    """Tokens that read cached context through the CPU kernel (``weir.kernels.cpu_paged_attention``):
     the first ``num_tokens`` of the step.
 
     Attributes:
@@ -140,7 +140,7 @@ def paged_attention(
     flat_k = key_cache.view(kvh, -1, head_dim)
     flat_v = value_cache.view(kvh, -1, head_dim)
     if meta.varlen is not None:
-        from kernels.cpu_paged_attention import paged_attention_varlen
+        from weir.kernels.cpu_paged_attention import paged_attention_varlen
 
         v = meta.varlen
         out[:v.num_tokens] = paged_attention_varlen(query[:v.num_tokens], key_cache, value_cache,
@@ -189,12 +189,12 @@ def use_kernels(device: torch.device, dtype: torch.dtype) -> bool:
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
              meta: AttentionMetadata) -> None:
-    """:func:`write_kv_cache` or, with ``meta.use_kernels``, ``kernels.kv_cache.write_kv_cache``
+    """:func:`write_kv_cache` or, with ``meta.use_kernels``, ``weir.kernels.kv_cache.write_kv_cache``
     (which also skips slot -1, the padding rows of a CUDA-graph batch)."""
     if not meta.use_kernels:
         write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping)
         return
-    from kernels.kv_cache import write_kv_cache as write_kv_cache_kernel
+    from weir.kernels.kv_cache import write_kv_cache as write_kv_cache_kernel
 
     write_kv_cache_kernel(key, value, key_cache, value_cache, meta.slot_mapping)
 
@@ -205,13 +205,13 @@ def attention(
 ) -> torch.Tensor:
     """Attention of one packed step (same arguments and result as :func:`paged_attention`).
 
-    With ``meta.use_kernels`` the decode rows go to ``kernels.paged_attention`` and the prefill
-    rows to ``kernels.prefill_attention``; both read keys/values through the block tables only.
+    With ``meta.use_kernels`` the decode rows go to ``weir.kernels.paged_attention`` and the prefill
+    rows to ``weir.kernels.prefill_attention``; both read keys/values through the block tables only.
     """
     if not meta.use_kernels:
         return paged_attention(query, key, value, key_cache, value_cache, meta, scale)
-    from kernels.paged_attention import paged_attention_decode
-    from kernels.prefill_attention import prefill_attention
+    from weir.kernels.paged_attention import paged_attention_decode
+    from weir.kernels.prefill_attention import prefill_attention
 
     out = torch.empty_like(query)
     nd = meta.num_decode_tokens

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from engine.outputs import ClassificationOutput, softmax
+from weir.engine.outputs import ClassificationOutput, softmax
 
 
 @dataclass

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.step_inputs import KernelStep
+from weir.engine.attention import AttentionMetadata
+from weir.engine.step_inputs import KernelStep
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ class EngineArgs:
         block_size: tokens per KV block.
         gpu_memory_utilization: on CUDA, the fraction of the memory left free after loading the
             weights and profiling one full step's activations that the KV cache takes
-            (``engine.gpu_memory``); the rest is headroom (CUDA graphs, workspaces).
+            (``weir.engine.gpu_memory``); the rest is headroom (CUDA graphs, workspaces).
         cpu_kv_cache_bytes: KV-cache size on CPU, bytes.
         num_gpu_blocks_override: fix the number of KV blocks (any device).
         enable_prefix_caching: reuse cached full blocks of equal prefixes.

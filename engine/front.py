@@ -9,9 +9,9 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable
 
-from engine.llm import LLM, PromptType
-from engine.outputs import calibrate
-from engine.sampling_params import SamplingParams
+from weir.engine.llm import LLM, PromptType
+from weir.engine.outputs import calibrate
+from weir.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from engine.attention import AttentionMetadata, PrefillSeq, use_kernels
+from weir.engine.attention import AttentionMetadata, PrefillSeq, use_kernels
 
 logger = logging.getLogger(__name__)
 

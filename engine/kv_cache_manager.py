@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Optional
 
-from engine.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block_tokens
-from engine.request import Request
+from weir.engine.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block_tokens
+from weir.engine.request import Request
 
 
 class KVCacheManager:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-from engine.engine_args import EngineArgs
-from engine.llm_engine import LLMEngine
-from engine.outputs import ClassificationOutput, RequestOutput, calibrate
-from engine.sampling_params import SamplingParams
+from weir.engine.engine_args import EngineArgs
+from weir.engine.llm_engine import LLMEngine
+from weir.engine.outputs import ClassificationOutput, RequestOutput, calibrate
+from weir.engine.sampling_params import SamplingParams
 
 PromptType = Union[str, list[int], list[dict]]
 
@@ -18,7 +18,7 @@ class LLM:
 
     Args:
         model: GGUF file, local Hugging Face folder, or None for the packaged SmolLM2-135M-Instruct.
-        **engine_args: any field of :class:`engine.engine_args.EngineArgs` (vLLM's names:
+        **engine_args: any field of :class:`weir.engine.engine_args.EngineArgs` (vLLM's names:
             ``dtype``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
             ``block_size``, ``gpu_memory_utilization``, ``enable_prefix_caching``, ``load_format``...).
 
@@ -153,7 +153,7 @@ class LLM:
             labels: the label names returned.
             label_texts: what is scored for each label (default: label + EOS).
             calibration_prompt: a content-free prompt in the same format (``"N/A"`` in place of
-                the input); when given, scores are calibrated against it (:func:`engine.outputs.calibrate`).
+                the input); when given, scores are calibrated against it (:func:`weir.engine.outputs.calibrate`).
             length_normalize: score each label by its mean token log-probability instead of the sum.
 
         Returns:

@@ -14,17 +14,17 @@ from typing import Optional, Union
 
 import torch
 
-from engine.block_pool import BlockPool
-from engine.classification import Classification, LabelNode, node_request_plan
-from engine.engine_args import EngineArgs
-from engine.kv_cache_manager import KVCacheManager
-from engine.loader import check_config, load_config, load_generation_eos_ids, load_state_dict, load_tokenizer, resolve_model
-from engine.model_runner import ModelRunner
-from engine.models.llama import LlamaForCausalLM
-from engine.outputs import ClassificationOutput, CompletionOutput, Logprob, RequestOutput
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from weir.engine.block_pool import BlockPool
+from weir.engine.classification import Classification, LabelNode, node_request_plan
+from weir.engine.engine_args import EngineArgs
+from weir.engine.kv_cache_manager import KVCacheManager
+from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_state_dict, load_tokenizer, resolve_model
+from weir.engine.model_runner import ModelRunner
+from weir.engine.models.llama import LlamaForCausalLM
+from weir.engine.outputs import ClassificationOutput, CompletionOutput, Logprob, RequestOutput
+from weir.engine.request import Request, RequestStatus
+from weir.engine.sampling_params import SamplingParams
+from weir.engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class _SampleGroup:
 class LLMEngine:
     """Owns the model runner, KV cache, block pool, scheduler and tokenizer of one model.
 
-    Not thread-safe: one thread calls ``add_*``/``step``; see ``engine.front.EngineFront``.
+    Not thread-safe: one thread calls ``add_*``/``step``; see ``weir.engine.front.EngineFront``.
     """
 
     def __init__(self, args: EngineArgs):
@@ -124,7 +124,7 @@ class LLMEngine:
         if a.num_gpu_blocks_override:
             return a.num_gpu_blocks_override
         if self.device.type == "cuda":
-            from engine.gpu_memory import profile_kv_cache_bytes
+            from weir.engine.gpu_memory import profile_kv_cache_bytes
 
             kv_cache_bytes = profile_kv_cache_bytes(
                 self.model, a.max_num_batched_tokens, a.max_num_seqs, self.max_model_len, a.block_size,
@@ -193,7 +193,7 @@ class LLMEngine:
         elif not params.is_greedy:
             req.generator = self.default_generator
         if params.stop and self.tokenizer is not None:
-            from engine.detokenizer import IncrementalDetokenizer
+            from weir.engine.detokenizer import IncrementalDetokenizer
 
             req.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
@@ -228,7 +228,7 @@ class LLMEngine:
 
         Each label's score is the sum of its tokens' log-probabilities (nats), or their mean with
         ``length_normalize``. The prompt and every prefix shared by several labels are computed
-        once (see :mod:`engine.classification`).
+        once (see :mod:`weir.engine.classification`).
 
         Raises:
             ValueError: empty prompt or label list, duplicate labels, a label with no tokens,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata, ContextPrefillBatch, PrefillSeq, VarlenMeta, use_kernels
-from engine.sampler import SampleRow, sample, top_logprobs
-from engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from engine.step_inputs import build_kernel_step
-from kernels.cpu_paged_attention import is_available as cpu_kernel_available
+from weir.engine.attention import AttentionMetadata, ContextPrefillBatch, PrefillSeq, VarlenMeta, use_kernels
+from weir.engine.sampler import SampleRow, sample, top_logprobs
+from weir.engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from weir.engine.step_inputs import build_kernel_step
+from weir.kernels.cpu_paged_attention import is_available as cpu_kernel_available
 
 
 class ModelRunner:
@@ -19,7 +19,7 @@ class ModelRunner:
     replay CUDA graphs captured here; elsewhere it runs the torch reference attention.
 
     Args:
-        model: a ``LlamaForCausalLM`` from ``engine.models.llama``.
+        model: a ``LlamaForCausalLM`` from ``weir.engine.models.llama``.
         num_blocks, block_size: cache geometry.
         device, dtype: where and in what the cache lives.
         max_num_seqs, max_model_len: size the decode CUDA graphs (none are captured without them).
@@ -43,7 +43,7 @@ class ModelRunner:
         self.use_cpu_kernel = device.type == "cpu" and dtype == torch.float32 and cpu_kernel_available()
         self.graphs = None
         if self.use_kernels and not enforce_eager and max_num_seqs and max_model_len:
-            from engine.cuda_graphs import DecodeGraphs
+            from weir.engine.cuda_graphs import DecodeGraphs
 
             max_blocks = -(-max_model_len // block_size)
             self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs, max_blocks, device)

@@ -9,7 +9,7 @@ from typing import Optional
 
 @dataclass
 class Logprob:
-    """A token's log-probability (nats, finite: see ``engine.sampling_params.LOGPROB_SENTINEL``),
+    """A token's log-probability (nats, finite: see ``weir.engine.sampling_params.LOGPROB_SENTINEL``),
     its rank among all tokens (1 = most likely) and its text alone."""
 
     logprob: float

@@ -6,7 +6,7 @@ import enum
 import time
 from typing import Optional
 
-from engine.sampling_params import SamplingParams
+from weir.engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

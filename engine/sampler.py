@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from engine.sampling_params import LOGPROB_SENTINEL, SamplingParams
+from weir.engine.sampling_params import LOGPROB_SENTINEL, SamplingParams
 
 # (token id, log-probability, rank): rank 1 is the most likely token
 TokenLogprob = tuple[int, float, int]

@@ -14,8 +14,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request, RequestStatus
+from weir.engine.kv_cache_manager import KVCacheManager
+from weir.engine.request import Request, RequestStatus
 
 
 @dataclass

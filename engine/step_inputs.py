@@ -3,7 +3,7 @@
 Every integer field of the step (token ids, positions, slots, context lengths, block tables,
 query offsets) goes into one int32 list, one pinned host tensor and one non-blocking copy; the
 fields are views of that single device tensor. Building the step therefore never waits for the
-GPU. (The torch reference path builds its own masks in ``engine.model_runner``.)
+GPU. (The torch reference path builds its own masks in ``weir.engine.model_runner``.)
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.scheduler import ScheduledRequest
+from weir.engine.attention import AttentionMetadata
+from weir.engine.scheduler import ScheduledRequest
 
 
 @dataclass

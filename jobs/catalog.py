@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest
 
 DESCRIPTION_MAX_TOKENS = 64
 
@@ -172,7 +172,7 @@ def catalog_requests(catalog: Catalog) -> list[JobRequest]:
 
 
 def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None) -> Any:
-    """Enqueue one enrichment batch for ``catalog`` through a :class:`jobs.client.Client`.
+    """Enqueue one enrichment batch for ``catalog`` through a :class:`weir.jobs.client.Client`.
 
     Args:
         idempotency_key: when a batch with this key exists, nothing is enqueued and its id is
@@ -239,7 +239,7 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
 
     Args:
         catalog: the catalog the batch was built from (its categories are the ground truth).
-        results: the batch's rows as :meth:`jobs.client.Client.results` returns them.
+        results: the batch's rows as :meth:`weir.jobs.client.Client.results` returns them.
         wall_s: seconds from enqueue to the batch's end.
 
     Accuracy counts succeeded classification jobs whose label equals the product's catalog

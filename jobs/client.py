@@ -6,7 +6,7 @@ the broker is reached first (a wrong broker URL stores nothing); the batch row i
 inserted chunk by chunk, each chunk in its own transaction; any error there deletes the batch and
 its jobs. Once every job is stored, one transaction makes the batch ``queued``; only then is one
 Celery message per job published, carrying just the job id, by task name to the model's queue
-(see :mod:`jobs.publisher`). A worker that receives a message therefore always finds its row and
+(see :mod:`weir.jobs.publisher`). A worker that receives a message therefore always finds its row and
 never sees a half-stored batch (nor does the sweeper: both pass over ``validating`` batches). Jobs
 whose message was never published or was lost are published again by :meth:`Client.sweep`.
 """
@@ -28,11 +28,11 @@ from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
-from jobs import names, store
-from jobs.db import Batch, BatchStatus, Job, engine_for, make_session_factory, utcnow
-from jobs.model_info import PromptChecker
-from jobs.publisher import JobPublisher
-from jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest, check_json, parse_request
+from weir.jobs import names, store
+from weir.jobs.db import Batch, BatchStatus, Job, engine_for, make_session_factory, utcnow
+from weir.jobs.model_info import PromptChecker
+from weir.jobs.publisher import JobPublisher
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest, check_json, parse_request
 from weir.config import Settings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ class Client:
         Raises:
             pydantic.ValidationError: a request is malformed (the error names the field; a note
                 names the request's index).
-            jobs.model_info.PromptTooLongError: a prompt does not fit in ``max_model_len``.
+            weir.jobs.model_info.PromptTooLongError: a prompt does not fit in ``max_model_len``.
         """
         parsed = [_parse(r, i) for i, r in enumerate(requests)]
         self.prompt_checker.check_batch(parsed)
@@ -273,7 +273,7 @@ class Client:
         Args:
             requests: ``GenerateRequest``/``ClassifyRequest`` models, or dicts with a ``kind``;
                 any iterable, read once (a generator is read lazily, ``chunk_size`` at a time).
-            metadata: free JSON kept on the batch row (see :func:`jobs.schemas.check_json`).
+            metadata: free JSON kept on the batch row (see :func:`weir.jobs.schemas.check_json`).
             idempotency_key: at most 300 characters. When a batch with this key exists (even one
                 another producer is still storing, or one left ``validating`` by a producer that
                 died), its id is returned and nothing is stored or published; of ``requests``
@@ -436,7 +436,7 @@ class Client:
 
     def sweep(self, older_than_s: Optional[float] = None, *, limit: int = 10_000) -> int:
         """Publish again the jobs of this client's model whose message is missing (see
-        :mod:`jobs.sweeper`: never-published jobs, expired leases, and queued jobs the queue has
+        :mod:`weir.jobs.sweeper`: never-published jobs, expired leases, and queued jobs the queue has
         moved past, whatever the backlog; a waiting backlog is never re-published). Batches left
         ``validating`` for ``STALE_VALIDATING_S`` by a producer that died are deleted.
 
@@ -451,7 +451,7 @@ class Client:
             BrokerNotConfigured: no broker URL.
             PublishError: the broker refused the messages (the jobs are marked unpublished).
         """
-        from jobs.sweeper import take_lost_jobs
+        from weir.jobs.sweeper import take_lost_jobs
 
         grace_s = self.settings.worker.sweep_deadline_s if older_than_s is None else older_than_s
         celery_app = self.celery_app
@@ -474,7 +474,7 @@ class Client:
 
     def reconcile(self) -> list:
         """Recount every unfinished batch from its jobs and repair what differs (see
-        :func:`jobs.store.reconcile_batches`); returns the repaired batches."""
+        :func:`weir.jobs.store.reconcile_batches`); returns the repaired batches."""
         with self.session_factory.begin() as session:
             return store.reconcile_batches(session)
 
@@ -600,7 +600,7 @@ class Client:
             }
 
     def cancel(self, batch_id: BatchId) -> BatchProgress:
-        """Cancel the batch's queued and running jobs (see :func:`jobs.store.cancel_batch`).
+        """Cancel the batch's queued and running jobs (see :func:`weir.jobs.store.cancel_batch`).
 
         Raises:
             LookupError: no such batch.
@@ -609,7 +609,7 @@ class Client:
             return BatchProgress.of(store.cancel_batch(session, _as_uuid(batch_id)))
 
     def cancel_job(self, job_id: BatchId) -> Job:
-        """Cancel one queued or running job (see :func:`jobs.store.cancel_job`).
+        """Cancel one queued or running job (see :func:`weir.jobs.store.cancel_job`).
 
         Raises:
             LookupError: no such job.

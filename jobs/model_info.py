@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, BinaryIO, Optional, Sequence, Union
 
-from jobs.schemas import ClassifyRequest, JobRequest
+from weir.jobs.schemas import ClassifyRequest, JobRequest
 
 GGUF_MAGIC = b"GGUF"
 # GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array are special).

@@ -18,7 +18,7 @@ ENRICH_CATALOG = "weir.enrich_catalog"
 """Enqueue one enrichment batch for a catalog file. Args: ``(catalog_path: str)``."""
 
 SWEEP = "weir.sweep"
-"""Publish again the jobs whose message may be lost (``jobs.client.Client.sweep``). No args."""
+"""Publish again the jobs whose message may be lost (``weir.jobs.client.Client.sweep``). No args."""
 
 QUEUE_PREFIX = "weir."
 
@@ -26,7 +26,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def model_name(model: Optional[str]) -> str:
-    """Short name of a model reference, the way the queue and the ``jobs.model`` column spell it.
+    """Short name of a model reference, the way the queue and the ``weir.jobs.model`` column spell it.
 
     Args:
         model: a GGUF file path, a Hugging Face folder path, or None/"" for the packaged SmolLM2.

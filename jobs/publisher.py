@@ -26,7 +26,7 @@ try:
 except ImportError:  # kombu < 5.7: no publish batches
     BATCH_ERRORS = ()
 
-from jobs import names
+from weir.jobs import names
 
 PERSISTENT_DELIVERY_MODE = 2
 

@@ -1,6 +1,6 @@
 """What a caller may ask for: pydantic request models, validated before anything is stored or sent.
 
-A request is stored as JSON in the ``jobs.request`` column and parsed back by the worker with
+A request is stored as JSON in the ``weir.jobs.request`` column and parsed back by the worker with
 :func:`parse_request`, so both sides agree on one schema. Sampling fields carry vLLM's names and
 ranges (``engine.SamplingParams``).
 

@@ -38,7 +38,7 @@ from sqlalchemy import and_, case, delete, func, insert, or_, select, text, tupl
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from jobs.db import (
+from weir.jobs.db import (
     MAX_DEAD_LETTER_BODY_CHARS,
     Batch,
     BatchStatus,
@@ -48,7 +48,7 @@ from jobs.db import (
     JobStatus,
     utcnow,
 )
-from jobs.schemas import JobRequest, check_json
+from weir.jobs.schemas import JobRequest, check_json
 
 NUL_REPLACEMENT = "\ufffd"
 """What a NUL character in a text result is stored as (Postgres text cannot hold U+0000)."""
@@ -104,7 +104,7 @@ def create_batch(
 ) -> tuple[Batch, list[Job]]:
     """Add a queued batch and one queued job per request in this session (flushed, not committed).
 
-    The small-batch form of what :meth:`jobs.client.Client.enqueue_batch` does chunk by chunk:
+    The small-batch form of what :meth:`weir.jobs.client.Client.enqueue_batch` does chunk by chunk:
     :func:`begin_batch`, :func:`add_jobs`, :func:`queue_batch`.
 
     Args:
@@ -117,7 +117,7 @@ def create_batch(
 
     Raises:
         ValueError: two requests share a ``custom_id``, or ``metadata`` is not plain JSON (the
-            message names the field, see :func:`jobs.schemas.check_json`).
+            message names the field, see :func:`weir.jobs.schemas.check_json`).
     """
     batch = begin_batch(session, model=model, metadata=metadata)
     add_jobs(session, batch.id, requests, first_index=0, model=model, published_at=utcnow())
@@ -137,7 +137,7 @@ def begin_batch(
     No worker claims and no sweeper publishes a job of a ``validating`` batch.
 
     Raises:
-        ValueError: ``metadata`` is not plain JSON (see :func:`jobs.schemas.check_json`).
+        ValueError: ``metadata`` is not plain JSON (see :func:`weir.jobs.schemas.check_json`).
         sqlalchemy.exc.IntegrityError: a batch with ``idempotency_key`` exists (at the flush).
     """
     check_json(dict(metadata or {}), "batch metadata")
@@ -366,7 +366,7 @@ def claim_jobs(
 
     Args:
         job_ids: the jobs to claim (duplicates are claimed once).
-        worker: the claiming worker's name (``jobs.worker``).
+        worker: the claiming worker's name (``weir.jobs.worker``).
         lease_s: the lease's length in seconds; the holder renews it (:func:`renew_leases`).
         max_attempts: the most starts a job gets; None for no limit.
 

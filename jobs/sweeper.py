@@ -33,8 +33,8 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any, Optional, Sequence
 
-from jobs import names, store
-from jobs.db import utcnow
+from weir.jobs import names, store
+from weir.jobs.db import utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def queued_horizon(session: Any, connection: Any, queues: Sequence[str], grace_s
 def take_lost_jobs(session: Any, connection: Any, *, model: str, queue: str, grace_s: float,
                    limit: int) -> list[uuid.UUID]:
     """The jobs whose message is missing, stamped published now (not committed; see
-    :func:`jobs.store.take_jobs_to_publish`). ``connection`` is None on a broker that is not
+    :func:`weir.jobs.store.take_jobs_to_publish`). ``connection`` is None on a broker that is not
     Redis: then only never-published jobs and expired leases are taken."""
     horizon = None
     if connection is not None:

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from sqlalchemy import make_url, text
 
-from jobs.db import make_engine
+from weir.jobs.db import make_engine
 
 
 @contextmanager

@@ -1,2 +1,2 @@
-"""GPU kernels (Triton). The engine's torch reference path (``engine.attention``) runs where
+"""GPU kernels (Triton). The engine's torch reference path (``weir.engine.attention``) runs where
 none are available."""

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import FLOAT_DTYPES, check, check_kv_cache, check_tensor
+from weir.kernels.common import FLOAT_DTYPES, check, check_kv_cache, check_tensor
 
 
 @triton.jit

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import (
+from weir.kernels.common import (
     FLOAT_DTYPES, INDEX_DTYPES, check, check_kv_cache, check_tensor, dot, interpreting,
 )
 

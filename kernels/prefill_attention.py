@@ -9,7 +9,7 @@ came from the prefix cache: all three are "``query_len`` new tokens at the end o
 ``context_len``-token context".
 
 The new tokens' keys/values must already be in the cache (write them first with
-``kernels.kv_cache.write_kv_cache``). Grid: (query tiles, requests, query heads); tiles past a
+``weir.kernels.kv_cache.write_kv_cache``). Grid: (query tiles, requests, query heads); tiles past a
 request's ``query_len`` do no work.
 """
 
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import (
+from weir.kernels.common import (
     FLOAT_DTYPES, INDEX_DTYPES, check, check_kv_cache, check_tensor, dot, interpreting,
 )
 

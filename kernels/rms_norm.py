@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import FLOAT_DTYPES, check, check_tensor
+from weir.kernels.common import FLOAT_DTYPES, check, check_tensor
 
 
 @triton.jit
@@ -82,7 +82,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Plain torch version of :func:`rms_norm` (same arguments and result), written as
-    ``engine.models.llama.RMSNorm`` computes it."""
+    ``weir.engine.models.llama.RMSNorm`` computes it."""
     _check_args(x, weight, residual)
     if residual is not None:
         x = x + residual

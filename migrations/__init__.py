@@ -48,7 +48,7 @@ def current_revision(url: str) -> str | None:
     """The revision the database at ``url`` is at; None when it has never been migrated."""
     from alembic.runtime.migration import MigrationContext
 
-    from jobs.db import make_engine
+    from weir.jobs.db import make_engine
 
     engine = make_engine(url)
     try:

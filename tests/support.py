@@ -32,9 +32,9 @@ def fresh_postgres_database() -> Iterator[str]:
     from sqlalchemy import text
     from sqlalchemy.exc import OperationalError
 
-    import migrations
-    from jobs.db import make_engine
-    from jobs.testing import temporary_postgres_database
+    from weir import migrations
+    from weir.jobs.db import make_engine
+    from weir.jobs.testing import temporary_postgres_database
 
     probe = make_engine(POSTGRES_ADMIN_URL, connect_args={"connect_timeout": 3})
     try:
@@ -61,10 +61,10 @@ def redis_or_skip() -> str:
 
 def tiny_chat_model_dir(tmp_path_factory) -> str:
     """A random-weight 2-layer Llama with SmolLM2's tokenizer and chat template
-    (:func:`jobs.testing.save_tiny_chat_model`), saved once per test process."""
+    (:func:`weir.jobs.testing.save_tiny_chat_model`), saved once per test process."""
     global _tiny_model_dir
     if _tiny_model_dir is None:
-        from jobs.testing import save_tiny_chat_model
+        from weir.jobs.testing import save_tiny_chat_model
 
         _tiny_model_dir = save_tiny_chat_model(str(tmp_path_factory.mktemp("tiny-chat-llama")))
     return _tiny_model_dir

@@ -19,7 +19,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _queue(settings: Settings) -> str:
-    from jobs import names
+    from weir.jobs import names
 
     return names.queue_for_model(settings.engine.model, settings.worker.queue)
 
@@ -38,7 +38,7 @@ def _ensure_schema(settings: Settings) -> Optional[str]:
     Returns:
         None when the schema is current, else a message saying what to run.
     """
-    import migrations
+    from weir import migrations
 
     url = settings.database.url()
     if _is_sqlite(url):
@@ -66,9 +66,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"weir worker: {problem}", file=sys.stderr)
         return EXIT_USAGE
 
-    import worker.tasks  # noqa: F401  (registers the tasks)
-    from jobs.names import control_queue
-    from worker.app import app
+    import weir.worker.tasks  # noqa: F401  (registers the tasks)
+    from weir.jobs.names import control_queue
+    from weir.worker.app import app
 
     queue = _queue(settings)
     controller = app.Worker(
@@ -100,8 +100,8 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
     from tqdm import tqdm
 
-    from jobs.catalog import CatalogColumns, enqueue_catalog, read_catalog, summarize
-    from jobs.client import Client
+    from weir.jobs.catalog import CatalogColumns, enqueue_catalog, read_catalog, summarize
+    from weir.jobs.client import Client
 
     settings = get_settings()
     columns = CatalogColumns(
@@ -157,9 +157,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         f"{settings.database.url()}",
         file=sys.stderr,
     )
-    from jobs.model_info import PromptChecker
-    from worker.app import app
-    from worker.embedded import embedded_worker
+    from weir.jobs.model_info import PromptChecker
+    from weir.worker.app import app
+    from weir.worker.embedded import embedded_worker
 
     with embedded_worker(app, queue=_queue(settings), concurrency=_concurrency(settings)) as runtime:
         checker = PromptChecker(runtime.llm.tokenizer, runtime.llm.max_model_len)
@@ -172,7 +172,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Publish again the jobs whose message may be lost; print how many."""
-    from jobs.client import Client, PublishError
+    from weir.jobs.client import Client, PublishError
 
     settings = get_settings()
     if not settings.worker.broker_url:
@@ -192,7 +192,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel a batch (or, with ``--job``, one job): queued jobs are skipped, running ones aborted."""
-    from jobs.client import Client
+    from weir.jobs.client import Client
 
     client = Client(get_settings())
     try:
@@ -213,12 +213,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_db(args: argparse.Namespace) -> int:
     """Run Alembic migrations on ``WEIR_DATABASE_URL`` (or the local SQLite file), or recount
     unfinished batches (``reconcile``)."""
-    import migrations
+    from weir import migrations
 
     url = get_settings().database.url()
     if args.db_command == "reconcile":
-        from jobs import store
-        from jobs.db import engine_for, make_session_factory
+        from weir.jobs import store
+        from weir.jobs.db import engine_for, make_session_factory
 
         engine = engine_for(get_settings().database)
         try:

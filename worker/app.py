@@ -18,10 +18,10 @@ import logging
 from celery import Celery, signals
 from celery.worker.consumer import Consumer
 
-from jobs import names
+from weir.jobs import names
 from weir.config import Settings, get_settings
-from worker import runtime
-from worker.beat import beat_schedule
+from weir.worker import runtime
+from weir.worker.beat import beat_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +68,11 @@ def delivery_conf(settings: Settings) -> dict:
 
 def make_app(settings: Settings) -> Celery:
     """Build the Celery app for ``settings`` (broker, queue, delivery guarantees, beat schedule)."""
-    app = Celery("weir", broker=settings.worker.broker_url or EMBEDDED_BROKER_URL, include=["worker.tasks"])
+    app = Celery("weir", broker=settings.worker.broker_url or EMBEDDED_BROKER_URL, include=["weir.worker.tasks"])
     app.conf.update(
         **delivery_conf(settings),
         broker_connection_max_retries=None,  # a worker outlives any broker restart
-        worker_consumer="worker.app:DeadLetterConsumer",
+        worker_consumer="weir.worker.app:DeadLetterConsumer",
         worker_concurrency=settings.worker.concurrency or settings.engine.max_num_seqs,
         beat_schedule=beat_schedule(settings),
         timezone="UTC",
@@ -92,7 +92,7 @@ class DeadLetterConsumer(Consumer):
 
 
 def _dead_letter(message, reason: str) -> None:
-    from worker.attempt import dead_letter
+    from weir.worker.attempt import dead_letter
 
     headers = message.headers if isinstance(message.headers, dict) else {}
     try:

@@ -1,6 +1,6 @@
 """One delivery of a ``run_job`` message: claim the job's lease, run the engine, store the outcome.
 
-Every database write goes through the process's :class:`worker.group_commit.GroupCommitter`, so
+Every database write goes through the process's :class:`weir.worker.group_commit.GroupCommitter`, so
 it shares a transaction with other jobs' writes, and returns only once committed. What the task
 does with each :class:`Outcome` (see README "Guarantees"):
 
@@ -28,11 +28,11 @@ from typing import Any, Callable, Optional, TypeVar
 
 from celery.utils.time import get_exponential_backoff_interval
 
-from jobs import store
-from jobs.db import Job, utcnow
-from jobs.store import ClaimStatus, JobResult
-from worker.group_commit import MAX_DB_BACKOFF_S, DatabaseUnavailable, is_transient
-from worker.runtime import EngineFailed, EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
+from weir.jobs import store
+from weir.jobs.db import Job, utcnow
+from weir.jobs.store import ClaimStatus, JobResult
+from weir.worker.group_commit import MAX_DB_BACKOFF_S, DatabaseUnavailable, is_transient
+from weir.worker.runtime import EngineFailed, EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
 
     Raises:
         Exception: a non-transient database error while claiming (the task puts the message back
-            on the queue after a backoff; see ``worker.tasks.run_job``).
+            on the queue after a backoff; see ``weir.worker.tasks.run_job``).
     """
     settings = runtime.settings.worker
     writer = runtime.writer(worker)

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 from celery.schedules import crontab
 
-from jobs import names
+from weir.jobs import names
 from weir.config import Settings
 
 NIGHTLY_ENRICHMENT = "enrich-catalog-nightly"
@@ -40,11 +40,11 @@ def beat_schedule(settings: Settings) -> dict:
     """Celery's ``beat_schedule``: the sweeper, and the nightly enrichment when
     ``WEIR_CATALOG_PATH`` is set.
 
-    The sweeper (:data:`jobs.names.SWEEP`) runs every ``WEIR_SWEEP_INTERVAL_S`` seconds and
+    The sweeper (:data:`weir.jobs.names.SWEEP`) runs every ``WEIR_SWEEP_INTERVAL_S`` seconds and
     publishes again the jobs whose message may be lost. The nightly entry publishes
-    :data:`jobs.names.ENRICH_CATALOG` at ``WEIR_CATALOG_SCHEDULE`` (cron, UTC); the task only
+    :data:`weir.jobs.names.ENRICH_CATALOG` at ``WEIR_CATALOG_SCHEDULE`` (cron, UTC); the task only
     enqueues the batch, the same workers run it. Both go to the model's control queue
-    (:func:`jobs.names.control_queue`), so they never wait behind its backlog; they expire after
+    (:func:`weir.jobs.names.control_queue`), so they never wait behind its backlog; they expire after
     one interval (a sweep) or one hour (the nightly run) unconsumed, so a beat with no worker
     does not pile them up.
     """

@@ -15,8 +15,8 @@ from typing import Iterator
 
 from celery import Celery
 
-from jobs import names
-from worker import runtime
+from weir.jobs import names
+from weir.worker import runtime
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +32,12 @@ def embedded_worker(app: Celery, *, queue: str, concurrency: int) -> Iterator[ru
     here); on exit the worker shuts down warm (running tasks finish) and the engine is drained.
 
     Args:
-        app: the Celery app whose tasks to run (``worker.app.app``).
+        app: the Celery app whose tasks to run (``weir.worker.app.app``).
         queue: the queue to consume.
         concurrency: task threads.
 
     Yields:
-        The process's :class:`worker.runtime.WorkerRuntime` (its ``llm`` is loaded).
+        The process's :class:`weir.worker.runtime.WorkerRuntime` (its ``llm`` is loaded).
 
     Raises:
         TimeoutError: the worker did not become ready within ``READY_TIMEOUT_S``.
@@ -45,7 +45,7 @@ def embedded_worker(app: Celery, *, queue: str, concurrency: int) -> Iterator[ru
     from celery.worker import WorkController
     from celery.worker import state as worker_state
 
-    import worker.tasks  # noqa: F401  (registers the tasks on ``app``)
+    import weir.worker.tasks  # noqa: F401  (registers the tasks on ``app``)
 
     worker_runtime = runtime.start_runtime()
     ready = threading.Event()

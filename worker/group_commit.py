@@ -20,7 +20,7 @@ Failures:
   :class:`DatabaseUnavailable` and its message goes back to the queue.
 - A non-transient error runs the group's operations one transaction each, so one bad result
   does not fail the rest; the bad operation raises that error.
-- Each transaction runs under :class:`jobs.db.watchdog`: a database that stops answering fails
+- Each transaction runs under :class:`weir.jobs.db.watchdog`: a database that stops answering fails
   the transaction after ``WEIR_STATEMENT_TIMEOUT_S`` + 5 s instead of hanging.
 """
 
@@ -39,9 +39,9 @@ from celery.utils.time import get_exponential_backoff_interval
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from jobs import store
-from jobs.db import Job, watchdog
-from jobs.store import Claim, JobResult
+from weir.jobs import store
+from weir.jobs.db import Job, watchdog
+from weir.jobs.store import Claim, JobResult
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class GroupCommitter:
     # ---- task-thread side ---------------------------------------------------------------------
 
     def claim(self, job_id: uuid.UUID) -> Claim:
-        """Claim one job as a lease (see :func:`jobs.store.claim_jobs`); blocks until committed.
+        """Claim one job as a lease (see :func:`weir.jobs.store.claim_jobs`); blocks until committed.
 
         Raises:
             DatabaseUnavailable: transient errors outlasted ``retry_timeout_s``.
@@ -175,7 +175,7 @@ class GroupCommitter:
 
     def release(self, job: Job, *, refund_attempt: bool = False) -> bool:
         """Give a claimed job's lease back unfinished (it becomes ``queued``; see
-        :func:`jobs.store.release_jobs`); blocks until committed. Returns True when it was still
+        :func:`weir.jobs.store.release_jobs`); blocks until committed. Returns True when it was still
         held under this claim."""
         return self._submit(_Op("release", job.id, self._deadline(), job=job, refund_attempt=refund_attempt))
 

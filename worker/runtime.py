@@ -14,10 +14,10 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
 
-from jobs import store
-from jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
-from jobs.schemas import parse_request
-from jobs.store import JobResult
+from weir.jobs import store
+from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
+from weir.jobs.schemas import parse_request
+from weir.jobs.store import JobResult
 from weir.config import Settings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -93,16 +93,16 @@ class WorkerRuntime:
         Raises:
             FileNotFoundError, ValueError: the model or an engine argument is unusable.
         """
-        from engine import LLM, EngineFront
+        from weir.engine import LLM, EngineFront
 
         self.llm = LLM(**self.settings.engine_args())
         self.front = EngineFront(self.llm)
         logger.info("engine ready: model %s, max_model_len %d", self.llm.model_name, self.llm.max_model_len)
 
     def writer(self, worker_name: str):
-        """This process's :class:`worker.group_commit.GroupCommitter` (made on first use, with
+        """This process's :class:`weir.worker.group_commit.GroupCommitter` (made on first use, with
         the Celery worker's name, which claims store) and its lease renewer."""
-        from worker.group_commit import GroupCommitter
+        from weir.worker.group_commit import GroupCommitter
 
         with self._running_lock:
             if self.committer is None:
@@ -135,7 +135,7 @@ class WorkerRuntime:
         statement; a job whose lease was not renewed (cancelled, or taken by another claim) is
         aborted in the engine and its result is never stored."""
         settings = self.settings.worker
-        from worker.group_commit import is_transient
+        from weir.worker.group_commit import is_transient
 
         while not self._heartbeat_stop.wait(settings.cancel_poll_interval_s):
             with self._running_lock:
@@ -251,7 +251,7 @@ class WorkerRuntime:
                     request.engine_calibration_prompt(),
                 )
             else:
-                from engine import SamplingParams
+                from weir.engine import SamplingParams
 
                 future = self.front.submit_generate(
                     request.engine_prompt(), SamplingParams(**request.sampling_fields())
@@ -267,7 +267,7 @@ class WorkerRuntime:
 
     def _wait(self, job: Job, future: Future, timeout_s: float):
         """The future's result, or the request's own error as a value; raises as :meth:`run` says."""
-        from engine.front import EngineStepError
+        from weir.engine.front import EngineStepError
 
         with self._running_lock:
             self._running.add(future)

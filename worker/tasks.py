@@ -1,9 +1,9 @@
 """Celery tasks: thin adapters between a queue message, the engine and the results database.
 
-``run_job`` hands one delivery to :func:`worker.attempt.run_attempt` (claim, run, store) and maps
+``run_job`` hands one delivery to :func:`weir.worker.attempt.run_attempt` (claim, run, store) and maps
 its outcome onto Celery: return (ack), ``Reject(requeue=True)`` (back to the queue) or
-``retry`` (published again after a backoff). Logic lives in ``worker.attempt``, ``jobs.store``
-(database), ``worker.runtime`` (engine) and ``jobs.catalog`` (enrichment batches).
+``retry`` (published again after a backoff). Logic lives in ``weir.worker.attempt``, ``weir.jobs.store``
+(database), ``weir.worker.runtime`` (engine) and ``weir.jobs.catalog`` (enrichment batches).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import logging
 from celery.exceptions import Reject
 from celery.utils.time import get_exponential_backoff_interval
 
-from jobs import names
+from weir.jobs import names
 from weir.config import get_settings
-from worker.app import app
-from worker.attempt import MalformedMessage, Outcome, dead_letter, parse_job_id, run_attempt
-from worker.runtime import get_runtime
+from weir.worker.app import app
+from weir.worker.attempt import MalformedMessage, Outcome, dead_letter, parse_job_id, run_attempt
+from weir.worker.runtime import get_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def run_job(self, *args, **kwargs) -> None:
 @app.task(name=names.SWEEP)
 def sweep() -> int:
     """Publish again the jobs whose message may be lost (the periodic beat entry); returns how many."""
-    from jobs.client import Client
+    from weir.jobs.client import Client
 
     client = Client(get_settings())
     try:
@@ -81,10 +81,10 @@ def enrich_catalog(catalog_path: str, slot: str | None = None) -> None:
     ``WEIR_CATALOG_SCHEDULE`` time at or before the task's start (or ``slot``, an ISO time). The
     task runs on the control queue, so it starts within seconds of the beat, not behind a backlog.
     """
-    from jobs.catalog import enqueue_catalog, read_catalog
-    from jobs.client import Client
-    from jobs.db import utcnow
-    from worker.beat import nightly_key, schedule_slot
+    from weir.jobs.catalog import enqueue_catalog, read_catalog
+    from weir.jobs.client import Client
+    from weir.jobs.db import utcnow
+    from weir.worker.beat import nightly_key, schedule_slot
 
     settings = get_settings()
     if slot is None:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata, attention, write_kv
+from weir.engine.attention import AttentionMetadata, attention, write_kv
 
 
 class RMSNorm(nn.Module):

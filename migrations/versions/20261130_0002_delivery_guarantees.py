@@ -1,7 +1,7 @@
 """Delivery guarantees: who claimed a job and when, when it was last published, dead letters.
 
-``jobs.worker`` and ``jobs.claimed_at`` record the latest claim (the sweeper finds running jobs
-whose worker is gone by ``claimed_at``); ``jobs.published_at`` is the latest publish of the job's
+``weir.jobs.worker`` and ``weir.jobs.claimed_at`` record the latest claim (the sweeper finds running jobs
+whose worker is gone by ``claimed_at``); ``weir.jobs.published_at`` is the latest publish of the job's
 message (null: never published, the sweeper publishes it at once). ``dead_letters`` keeps every
 queue message the worker could not read, with the reason.
 

@@ -1,6 +1,6 @@
 """Leases, transactional batch counters, nightly slots, enrichment ordering, a validating state.
 
-- ``jobs.lease_expires_at``, ``jobs.lease_token``: a claim is a lease held by ``jobs.worker``
+- ``weir.jobs.lease_expires_at``, ``weir.jobs.lease_token``: a claim is a lease held by ``weir.jobs.worker``
   until this time; ``lease_token`` grows by one with every claim and is the claim's fencing token
   (a write carrying an older token changes nothing).
 - ``batches.idempotency_key``: unique; one batch per catalog per scheduled slot.

@@ -1,6 +1,6 @@
 import pytest
 
-from engine.block_pool import BlockPool, hash_block_tokens
+from weir.engine.block_pool import BlockPool, hash_block_tokens
 
 
 def test_new_blocks_come_from_head_in_id_order():

@@ -6,14 +6,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from weir.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 
 IM_END = 2  # SmolLM2's <|im_end|>
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from engine.loader import load_tokenizer, resolve_model
+    from weir.engine.loader import load_tokenizer, resolve_model
 
     return load_tokenizer(resolve_model(None))
 
@@ -154,7 +154,7 @@ def test_deltas_concatenate_to_the_final_text(tok):
 
 
 def test_fast_tokenizers_use_the_tokenizers_decode_stream(tok):
-    from engine.detokenizer import _LibraryDecoder, _WindowDecoder
+    from weir.engine.detokenizer import _LibraryDecoder, _WindowDecoder
 
     assert isinstance(IncrementalDetokenizer(tok, [])._decoder, _LibraryDecoder)
     assert isinstance(IncrementalDetokenizer(DecodeOnly(tok), [])._decoder, _WindowDecoder)

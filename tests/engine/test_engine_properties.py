@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import LLM, SamplingParams
+from weir.engine import LLM, SamplingParams
 from tests.conftest import hf_greedy
 
 MAX_TOKENS = 8

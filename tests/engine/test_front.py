@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from engine import EngineFront, LLM, SamplingParams
+from weir.engine import EngineFront, LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
@@ -63,7 +63,7 @@ def test_abort_frees_blocks(llm):
 
 
 def test_calibrated_classify_matches_offline_and_reuses_the_prior(llm):
-    from engine.outputs import calibrate
+    from weir.engine.outputs import calibrate
 
     eng = llm.llm_engine
     labels = ["x", "y", "z"]

@@ -1,7 +1,7 @@
-from engine.block_pool import BlockPool
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from weir.engine.block_pool import BlockPool
+from weir.engine.kv_cache_manager import KVCacheManager
+from weir.engine.request import Request
+from weir.engine.sampling_params import SamplingParams
 
 
 def make(num_blocks=8, bs=4, caching=True):

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from weir.engine import LLM, SamplingParams
 from tests.conftest import hf_greedy
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from weir.engine import LLM, SamplingParams
 from tests.conftest import hf_greedy
 
 PROMPTS = [[5, 9, 200, 31, 7], list(range(3, 40)), [17] * 16]

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from engine import SamplingParams
-from engine.sampler import SampleRow, apply_penalties, filter_logits, sample
-from engine.sampling_params import LOGPROB_SENTINEL
+from weir.engine import SamplingParams
+from weir.engine.sampler import SampleRow, apply_penalties, filter_logits, sample
+from weir.engine.sampling_params import LOGPROB_SENTINEL
 from tests.conftest import hf_greedy
 from tests.engine.test_llm_tiny import assert_all_blocks_free, make_llm, prompts
 

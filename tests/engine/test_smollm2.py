@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bench.workloads import w_gen_messages as catalog_messages
-from engine import LLM, SamplingParams
+from weir.engine import LLM, SamplingParams
 from tests.conftest import hf_greedy
 
 pytestmark = pytest.mark.integration

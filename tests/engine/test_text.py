@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from engine import LLM, SamplingParams
+from weir.engine import LLM, SamplingParams
 
 PROMPT = [{"role": "user", "content": "Describe: Fresh Alphonso mango, 1 kg"}]
 SEEDED = dict(temperature=1.0, seed=11)

@@ -5,8 +5,8 @@ import uuid
 import pytest
 from celery import Celery
 
-from jobs.client import Client
-from jobs.db import make_engine, make_session_factory
+from weir.jobs.client import Client
+from weir.jobs.db import make_engine, make_session_factory
 from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
 
@@ -36,7 +36,7 @@ def client(postgres_url, tiny_model_dir, queue, celery_app):
 @pytest.fixture(params=["postgresql", "sqlite"])
 def session_factory(request, tmp_path):
     """Sessions on the fresh Postgres database, then on a migrated SQLite file."""
-    import migrations
+    from weir import migrations
 
     if request.param == "postgresql":
         url = request.getfixturevalue("postgres_url")

@@ -10,10 +10,10 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from jobs import store
-from jobs.db import Batch, Job, JobStatus, ProductEnrichment, make_engine, make_session_factory
-from jobs.schemas import MAX_TEXT_CHARS, ClassifyRequest, GenerateRequest
-from jobs.store import NUL_REPLACEMENT, JobResult
+from weir.jobs import store
+from weir.jobs.db import Batch, Job, JobStatus, ProductEnrichment, make_engine, make_session_factory
+from weir.jobs.schemas import MAX_TEXT_CHARS, ClassifyRequest, GenerateRequest
+from weir.jobs.store import NUL_REPLACEMENT, JobResult
 
 JSON_VALUES = "not a JSON value (str, int, float, bool, None, list, dict)"
 

@@ -4,11 +4,11 @@ import os
 
 import pytest
 
-from jobs.catalog import (
+from weir.jobs.catalog import (
     CLASSIFY_HEADER, DESCRIBE_SYSTEM_PROMPT, Catalog, CatalogColumns, Product,
     product_requests, read_catalog, summarize,
 )
-from jobs.model_info import PromptChecker
+from weir.jobs.model_info import PromptChecker
 
 BIGBASKET = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "bigbasket_products.csv")
 LABELS = [

@@ -11,13 +11,13 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from jobs import client as client_module
-from jobs import names, store
-from jobs.client import BrokerNotConfigured, BrokerUnreachable, Client, PublishError
-from jobs.db import Batch, BatchStatus, Job, JobStatus
-from jobs.model_info import PromptTooLongError
-from jobs.schemas import ClassifyRequest, GenerateRequest
-from jobs.store import JobResult
+from weir.jobs import client as client_module
+from weir.jobs import names, store
+from weir.jobs.client import BrokerNotConfigured, BrokerUnreachable, Client, PublishError
+from weir.jobs.db import Batch, BatchStatus, Job, JobStatus
+from weir.jobs.model_info import PromptTooLongError
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest
+from weir.jobs.store import JobResult
 from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
 
@@ -169,7 +169,7 @@ def test_cancel(client):
 
 def test_broker_down_at_publish_raises_and_the_sweeper_publishes_later(
         postgres_url, tiny_model_dir, queue, celery_app, monkeypatch):
-    from jobs.client import PublishError
+    from weir.jobs.client import PublishError
 
     settings = Settings(
         engine=EngineSettings(model=tiny_model_dir),
@@ -337,7 +337,7 @@ def test_results_stream_in_submission_order(client):
 
 
 def test_a_publish_that_fails_part_way_marks_only_the_rest_unpublished(client, celery_app, queue, monkeypatch):
-    from jobs.publisher import JobPublisher
+    from weir.jobs.publisher import JobPublisher
 
     calls = []
     publish = JobPublisher.publish
@@ -389,7 +389,7 @@ def test_messages_on_redis_are_celery_task_messages_in_order(redis_url, queue):
     import redis
     from celery import Celery
 
-    from jobs.publisher import JobPublisher
+    from weir.jobs.publisher import JobPublisher
 
     app = Celery("weir-test-redis-producer", broker=redis_url, set_as_current=False)
     job_ids = [uuid.uuid4() for _ in range(7)]

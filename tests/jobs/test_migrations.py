@@ -5,8 +5,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-import migrations
-from jobs.db import Base, make_engine
+from weir import migrations
+from weir.jobs.db import Base, make_engine
 from tests import support
 
 TABLES = {"alembic_version", "batches", "dead_letters", "jobs", "product_enrichment"}

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from jobs import names
-from jobs.model_info import PromptChecker, gguf_context_length, model_context_length
+from weir.jobs import names
+from weir.jobs.model_info import PromptChecker, gguf_context_length, model_context_length
 
 
 def test_gguf_context_length_of_the_packaged_model():
@@ -35,7 +35,7 @@ def test_max_model_len_setting_caps_the_model(tiny_model_dir):
 
 
 def test_token_counts_match_the_engine(tiny_model_dir):
-    from engine import LLM
+    from weir.engine import LLM
 
     llm = LLM(tiny_model_dir, device="cpu", cpu_kv_cache_bytes=1 << 22)
     checker = PromptChecker.for_model(tiny_model_dir)
@@ -64,7 +64,7 @@ def test_model_and_queue_names(model, name, queue):
 
 
 def test_queue_name_equals_engine_model_name(tiny_model_dir):
-    from engine import LLM
+    from weir.engine import LLM
 
     llm = LLM(tiny_model_dir, device="cpu", cpu_kv_cache_bytes=1 << 22)
     assert names.model_name(tiny_model_dir) == llm.model_name == os.path.basename(tiny_model_dir)

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from jobs.schemas import ChatMessage, ClassifyRequest, GenerateRequest, parse_request
+from weir.jobs.schemas import ChatMessage, ClassifyRequest, GenerateRequest, parse_request
 
 
 def error_fields(exc: ValidationError) -> list[tuple]:
@@ -110,7 +110,7 @@ def test_round_trip_through_stored_json():
 def test_out_of_range_values_are_refused_naming_the_field(fields, loc):
     from pydantic import ValidationError
 
-    from jobs.schemas import GenerateRequest
+    from weir.jobs.schemas import GenerateRequest
 
     with pytest.raises(ValidationError) as err:
         GenerateRequest(prompt="x", **fields)

@@ -7,10 +7,10 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from jobs import store
-from jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
-from jobs.schemas import ClassifyRequest, GenerateRequest
-from jobs.store import JobResult
+from weir.jobs import store
+from weir.jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest
+from weir.jobs.store import JobResult
 
 
 
@@ -148,7 +148,7 @@ def test_a_released_job_is_claimed_at_once(session_factory):
 def test_reconcile_repairs_counters_changed_by_hand(session_factory):
     from sqlalchemy import update
 
-    from jobs.db import Batch
+    from weir.jobs.db import Batch
 
     batch_id, job_ids = make_batch(session_factory)
     for job_id in job_ids:
@@ -365,7 +365,7 @@ def test_cancel_one_job(session_factory):
 def test_sweeper_takes_lost_jobs_once(session_factory):
     from datetime import timedelta
 
-    from jobs.db import utcnow
+    from weir.jobs.db import utcnow
 
     model = f"sweep-{uuid.uuid4().hex[:8]}"  # the database is shared with other tests
     with session_factory.begin() as session:
@@ -391,7 +391,7 @@ def test_sweeper_takes_lost_jobs_once(session_factory):
 
 
 def test_dead_letters_keep_body_and_reason(session_factory):
-    from jobs.db import DeadLetter
+    from weir.jobs.db import DeadLetter
 
     with session_factory.begin() as session:
         store.record_dead_letter(session, body=b"{not json\x00", reason="cannot decode", queue="q", task=None)
@@ -409,7 +409,7 @@ def test_a_batch_left_validating_by_a_dead_producer_is_deleted_and_frees_its_key
 
     from sqlalchemy import update
 
-    from jobs.db import Batch, utcnow
+    from weir.jobs.db import Batch, utcnow
 
     key = f"catalog:/c.csv@{uuid.uuid4().hex}"
     with session_factory.begin() as session:

@@ -8,10 +8,10 @@ import uuid
 import pytest
 import redis as redis_lib
 
-from jobs import names, store
-from jobs.client import Client
-from jobs.schemas import GenerateRequest
-from jobs.sweeper import oldest_waiting_job
+from weir.jobs import names, store
+from weir.jobs.client import Client
+from weir.jobs.schemas import GenerateRequest
+from weir.jobs.sweeper import oldest_waiting_job
 from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
 pytestmark = pytest.mark.integration

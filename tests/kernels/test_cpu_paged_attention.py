@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from kernels.cpu_paged_attention import (
+from weir.kernels.cpu_paged_attention import (
     is_available,
     paged_attention_varlen,
     paged_attention_varlen_reference,

@@ -4,7 +4,7 @@ transformers' through prefix-cache hits, chunked prefill and padded decode batch
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from weir.engine import LLM, SamplingParams
 from tests.conftest import hf_greedy
 from tests.engine.test_llm_tiny import prompts, shared_prefix_prompts
 from tests.kernels.support import import_kernel
@@ -44,7 +44,7 @@ def test_kernel_path_greedy_equals_transformers(tiny_llama_dir, expected, budget
 
 
 def test_padded_decode_batches_equal_transformers(tiny_llama_dir, expected):
-    from engine.cuda_graphs import DecodeGraphs
+    from weir.engine.cuda_graphs import DecodeGraphs
 
     ps, want = expected
     llm = kernel_llm(tiny_llama_dir, max_num_seqs=4)
@@ -59,7 +59,7 @@ def test_padded_decode_batches_equal_transformers(tiny_llama_dir, expected):
 
 @pytest.mark.parametrize("kernels", [False, True])
 def test_memory_profiling_step_runs_both_paths(tiny_llama_dir, kernels):
-    from engine.gpu_memory import dummy_step
+    from weir.engine.gpu_memory import dummy_step
 
     llm = LLM(tiny_llama_dir, skip_tokenizer_init=True, num_gpu_blocks_override=16, dtype="float32")
     model = llm.llm_engine.model

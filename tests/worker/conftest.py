@@ -16,7 +16,7 @@ def slow_model_dir(tmp_path_factory):
     """The tiny chat model with 16 layers instead of 2: ~6 ms a token on the 2-core VM, so a
     480-token job runs ~3 s while a 1-token job takes ~10 ms (for timeouts, grace periods and
     cancels that must catch a job in flight, whatever the engine's speed-ups)."""
-    from jobs.testing import save_tiny_chat_model
+    from weir.jobs.testing import save_tiny_chat_model
 
     return save_tiny_chat_model(str(tmp_path_factory.mktemp("slow-chat-llama")), num_hidden_layers=16)
 
@@ -104,7 +104,7 @@ def worker_env(postgres_url, tiny_model_dir, redis_url, queue):
 @pytest.fixture
 def client(worker_env):
     """A producer ``Client`` for the workers' queue, database and model."""
-    from jobs.client import Client
+    from weir.jobs.client import Client
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
     settings = Settings(

@@ -2,7 +2,7 @@
 often enough for the visibility timeout in use."""
 
 from weir.config import Settings, WorkerSettings
-from worker.app import transport_options
+from weir.worker.app import transport_options
 
 
 def test_default_limits_are_consistent():

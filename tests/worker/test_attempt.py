@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
-from jobs import store
-from jobs.db import JobStatus, make_engine, make_session_factory
-from jobs.schemas import GenerateRequest
-from jobs.store import JobResult
+from weir.jobs import store
+from weir.jobs.db import JobStatus, make_engine, make_session_factory
+from weir.jobs.schemas import GenerateRequest
+from weir.jobs.store import JobResult
 from weir.config import WorkerSettings
-from worker import attempt
-from worker.attempt import DatabaseUnavailable, MalformedMessage, is_transient, parse_job_id, with_db_retry
+from weir.worker import attempt
+from weir.worker.attempt import DatabaseUnavailable, MalformedMessage, is_transient, parse_job_id, with_db_retry
 
 
 def test_transient_database_errors_are_retried():
@@ -115,7 +115,7 @@ def test_a_result_the_database_refuses_for_good_becomes_a_failure_not_a_running_
             _, [job] = store.create_batch(session, [GenerateRequest(prompt="p")], model="tiny")
         with session_factory.begin() as session:
             job = store.claim_job(session, job.id)
-        from worker.group_commit import GroupCommitter
+        from weir.worker.group_commit import GroupCommitter
 
         writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
                                 model_name=lambda: "tiny", retry_timeout_s=5)

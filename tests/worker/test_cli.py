@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import migrations
+from weir import migrations
 from tests import support
 from tests.worker.conftest import REPO_ROOT
 
@@ -48,9 +48,9 @@ def test_db_upgrade_and_downgrade(tmp_path):
 def test_db_reconcile_repairs_counters_changed_by_hand(tmp_path):
     from sqlalchemy import update
 
-    from jobs import store
-    from jobs.db import Batch, BatchStatus, make_engine, make_session_factory
-    from jobs.schemas import GenerateRequest
+    from weir.jobs import store
+    from weir.jobs.db import Batch, BatchStatus, make_engine, make_session_factory
+    from weir.jobs.schemas import GenerateRequest
 
     url = f"sqlite:///{tmp_path / 'weir.db'}"
     migrations.upgrade(url)

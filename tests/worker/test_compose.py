@@ -174,7 +174,7 @@ def test_health_beat_passes_while_beat_ticks(private_broker_url, queue, tmp_path
     with open(log_path, "wb") as log:
         # the compose beat service's command, with a schedule file of its own
         beat = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.app:app", "beat", "--loglevel", "INFO",
+            [sys.executable, "-m", "celery", "-A", "weir.worker.app:app", "beat", "--loglevel", "INFO",
              "--enable-remote-control", "--max-interval", "1", "--schedule", str(tmp_path / "schedule")],
             cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )

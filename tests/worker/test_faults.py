@@ -17,9 +17,9 @@ import uuid
 import pytest
 from sqlalchemy import make_url, select, text
 
-from jobs import names, store
-from jobs.db import BatchStatus, DeadLetter, Job, JobStatus, ProductEnrichment
-from jobs.schemas import ClassifyRequest, GenerateRequest
+from weir.jobs import names, store
+from weir.jobs.db import BatchStatus, DeadLetter, Job, JobStatus, ProductEnrichment
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 
 pytestmark = pytest.mark.integration
 
@@ -174,7 +174,7 @@ def _pings(redis, port):
 def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_messages(
     private_redis, start_worker, worker_env, slow_model_dir
 ):
-    from jobs.client import Client
+    from weir.jobs.client import Client
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
     port, procs, start_redis = private_redis

@@ -13,9 +13,9 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from jobs import names, store
-from jobs.db import BatchStatus, JobStatus
-from jobs.schemas import GenerateRequest
+from weir.jobs import names, store
+from weir.jobs.db import BatchStatus, JobStatus
+from weir.jobs.schemas import GenerateRequest
 
 from tests.worker.test_faults import HERE, assert_each_succeeded_once, rows, wait_until, with_status
 
@@ -243,7 +243,7 @@ def test_a_message_deleted_from_a_50000_job_backlog_is_recovered_and_the_backlog
     import redis as redis_lib
     from sqlalchemy import func, select
 
-    from jobs.db import Job
+    from weir.jobs.db import Job
 
     env, runs = hooked
     num_jobs, lost_index, grace_s = 50_000, 49, 2.0

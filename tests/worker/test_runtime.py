@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
-from jobs.db import Job, JobKind, JobStatus
-from jobs.schemas import GenerateRequest
+from weir.jobs.db import Job, JobKind, JobStatus
+from weir.jobs.schemas import GenerateRequest
 from weir.config import CacheSettings, DatabaseSettings, EngineSettings, Settings, WorkerSettings
-from worker.runtime import EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
+from weir.worker.runtime import EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import pytest
 from tests.worker.test_faults import wait_until
 from sqlalchemy import func, select
 
-from jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
-from jobs.model_info import PromptChecker, load_tokenizer
-from jobs.schemas import ClassifyRequest, GenerateRequest
+from weir.jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
+from weir.jobs.model_info import PromptChecker, load_tokenizer
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 
 pytestmark = pytest.mark.integration
 
@@ -82,8 +82,8 @@ def test_sigterm_mid_batch_then_restart_runs_every_job_once(start_worker, client
 
 
 def test_nightly_enrichment_task_enqueues_a_catalog_batch(start_worker, client, tmp_path):
-    from jobs import names
-    from jobs.db import Batch
+    from weir.jobs import names
+    from weir.jobs.db import Batch
 
     catalog = tmp_path / "catalog.csv"
     catalog.write_text(
@@ -114,8 +114,8 @@ def test_nightly_enrichment_task_enqueues_a_catalog_batch(start_worker, client, 
 
 def test_a_second_nightly_beat_for_the_same_slot_enqueues_nothing(start_worker, client, tmp_path):
 
-    from jobs import names
-    from jobs.db import Batch
+    from weir.jobs import names
+    from weir.jobs.db import Batch
 
     catalog = tmp_path / "catalog.csv"
     catalog.write_text("index,product,category,brand,description\r\n1,Green Tea,Beverages,Leafy,A tea.\r\n",

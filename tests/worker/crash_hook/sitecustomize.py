@@ -20,7 +20,7 @@ _run_sleep_s = float(os.environ.get("WEIR_TEST_RUN_SLEEP_S") or 0)
 if _marker or _run_log or _run_sleep_s:
     import signal
 
-    from worker import runtime as _runtime
+    from weir.worker import runtime as _runtime
 
     _run = _runtime.WorkerRuntime.run
 
@@ -39,7 +39,7 @@ if _marker or _run_log or _run_sleep_s:
     _runtime.WorkerRuntime.run = _hooked_run
 
 if _step_failures:
-    from engine import llm_engine as _llm_engine
+    from weir.engine import llm_engine as _llm_engine
 
     _step = _llm_engine.LLMEngine.step
     _left = [None if _step_failures == "always" else int(_step_failures)]

@@ -1,0 +1,122 @@
+"""weir installs one top-level import name, ``weir``: the repository's folders (engine/, kernels/,
+worker/, jobs/, migrations/) become ``weir.engine`` and so on, and modules of the user's own with
+those names change nothing."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _setuptools_table() -> dict:
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["tool"]["setuptools"]
+
+
+def _package_folders() -> dict[str, str]:
+    """Every folder with an ``__init__.py`` under a mapped folder, by its installed dotted name."""
+    found = {}
+    for name, folder in _setuptools_table()["package-dir"].items():
+        root = os.path.join(REPO_ROOT, folder)
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            if "__init__.py" in filenames:
+                rel = os.path.relpath(dirpath, root)
+                found[name if rel == "." else name + "." + rel.replace(os.sep, ".")] = dirpath
+    return found
+
+
+def test_every_package_folder_is_declared():
+    table = _setuptools_table()
+    assert set(table["packages"]) == set(_package_folders())
+    assert all(name == "weir" or name.startswith("weir.") for name in table["package-dir"])
+
+
+def test_wheel_installs_only_weir(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), REPO_ROOT],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("weir-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/", 1)[0] for n in names}
+    assert tops == {"weir", next(t for t in tops if t.endswith(".dist-info"))}
+    top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
+    assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["weir"]
+    # every source file of every mapped folder is in the wheel, migrations' revisions included
+    expected = set()
+    for name, folder in _setuptools_table()["package-dir"].items():
+        root = os.path.join(REPO_ROOT, folder)
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for f in filenames:
+                if f.endswith((".py", ".mako")):
+                    rel = os.path.relpath(os.path.join(dirpath, f), root)
+                    expected.add("/".join([*name.split("."), *rel.split(os.sep)]))
+    assert expected - set(names) == set()
+    assert "weir/migrations/versions/20261130_0001_initial.py" in names
+
+
+def test_installed_distribution_exposes_only_weir():
+    # the installed one (a source checkout also holds a weir.egg-info, found first from its root)
+    dist = next(d for d in importlib.metadata.distributions(name="weir") if d.read_text("WHEEL") is not None)
+    files = [str(f) for f in dist.files or []]
+    finders = [f for f in files if f.startswith("__editable__") and f.endswith("_finder.py")]
+    if finders:  # editable install (pip install -e): setuptools' finder maps names to folders
+        namespace: dict = {}
+        with open(dist.locate_file(finders[0])) as f:
+            exec(compile(f.read(), finders[0], "exec"), namespace)
+        assert namespace["MAPPING"]
+        assert all(name == "weir" or name.startswith("weir.") for name in namespace["MAPPING"])
+        assert not namespace["NAMESPACES"]
+    else:
+        tops = {f.split("/", 1)[0] for f in files if not f.startswith(("weir-", "../"))}
+        assert tops <= {"weir"}
+
+
+SHADOWS = ("engine", "worker", "jobs", "kernels", "migrations", "bench")
+
+
+@pytest.fixture
+def shadowed_cwd(tmp_path):
+    """A working directory with the user's own ``engine.py``, ``worker.py``, ... that fail on import."""
+    for name in SHADOWS:
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('the user\\'s own {name}.py was imported')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return tmp_path, env
+
+
+def test_own_modules_in_the_working_directory_change_nothing(shadowed_cwd):
+    cwd, env = shadowed_cwd
+    code = (
+        "import sys\n"
+        "from weir import SamplingParams\n"
+        "from weir.jobs import GenerateRequest, ClassifyRequest\n"
+        "assert 'torch' not in sys.modules, 'from weir import SamplingParams pulled torch'\n"
+        "from weir.jobs import Client\n"
+        "from weir import LLM\n"
+        "import weir.worker.app, weir.worker.tasks, weir.kernels, weir.migrations, weir.engine.llm_engine\n"
+        f"assert not set(sys.modules) & {set(SHADOWS)!r}, set(sys.modules) & {set(SHADOWS)!r}\n"
+        "print(LLM.__module__, Client.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["weir.engine.llm", "weir.jobs.client"]
+
+    cli = subprocess.run([sys.executable, "-m", "weir", "--help"], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    celery = subprocess.run([sys.executable, "-m", "celery", "-A", "weir.worker.app", "report"], cwd=cwd,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert celery.returncode == 0, celery.stderr
+    assert "weir.run_job" in celery.stdout or "celery:" in celery.stdout
