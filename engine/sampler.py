@@ -4,6 +4,7 @@ per-request seeds, and the log-probabilities a request asked for."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -58,6 +59,7 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     penalty (CTRL, Keskar et al. 2019) over prompt and output tokens; frequency and presence
     penalties (OpenAI's definition) over output tokens."""
     vocab = logits.shape[-1]
+    device = logits.device  # every tensor built here goes there: CUDA rejects a mix
     for i, r in enumerate(rows):
         p = r.params
         if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
@@ -67,14 +69,18 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
                 logits[i, banned] = float("-inf")
         if not p.has_penalties:
             continue
-        out_ids = torch.tensor(r.output_token_ids, dtype=torch.long)
+        # the sets and counts are taken on the host (a row's tokens are a short Python list);
+        # only the touched logits are read and written
         if p.repetition_penalty != 1.0:
-            seen = torch.unique(torch.cat([torch.tensor(r.prompt_token_ids, dtype=torch.long), out_ids]))
+            seen = torch.tensor(sorted(set(r.prompt_token_ids).union(r.output_token_ids)), dtype=torch.long,
+                                device=device)
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if len(r.output_token_ids) and (p.frequency_penalty or p.presence_penalty):
-            counts = torch.bincount(out_ids, minlength=vocab)[:vocab].to(logits.dtype)
-            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+        if r.output_token_ids and (p.frequency_penalty or p.presence_penalty):
+            counts = Counter(r.output_token_ids)
+            ids = torch.tensor(list(counts), dtype=torch.long, device=device)
+            n = torch.tensor(list(counts.values()), dtype=logits.dtype, device=device)
+            logits[i, ids] -= p.frequency_penalty * n + p.presence_penalty
 
 
 def filter_logits(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
