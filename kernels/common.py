@@ -1,5 +1,6 @@
-"""Pieces shared by the kernels: argument checks for the wrappers and a ``tl.dot`` that also runs
-under Triton's CPU interpreter.
+"""Pieces shared by the kernels: argument checks for the wrappers, a ``tl.dot`` that also runs
+under Triton's CPU interpreter, and the K/V tile loop of the two attention kernels
+(:func:`attend_paged_context`).
 
 The checks read shapes, dtypes and strides only, never tensor values, so a check costs no
 host-device synchronisation.
@@ -64,3 +65,73 @@ def dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def attend_paged_context(
+    q, q_pos, k_base, v_base, block_table_ptr, kv_len, scale_log2,
+    stride_kb, stride_ks, stride_vb, stride_vs,
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Attention of ``ROWS`` query rows to one request's paged context through one KV head: the
+    K/V tile loop of the decode and the prefill kernels.
+
+    Positions ``0 .. kv_len - 1`` are read in tiles of ``BLOCK_N``; each position finds its cache
+    block through the block table (``block = table[pos // BLOCK_SIZE]``, offset
+    ``pos % BLOCK_SIZE``), so a tile may span several blocks and end inside one (PagedAttention,
+    Kwon et al. 2023). Per tile the scores update a running row maximum ``m``, a running sum ``l``
+    of ``exp(s - m)`` and an unnormalised fp32 output, rescaled by ``exp(m_old - m_new)`` when the
+    maximum grows; the division by ``l`` happens once, after the last tile (the online softmax of
+    Milakov & Gimelshein 2018, in the form of FlashAttention-2: Dao 2023, "FlashAttention-2: Faster
+    Attention with Better Parallelism and Work Partitioning", Algorithm 1). Scores are kept in log2
+    units (``scale_log2 = scale * log2(e)``) so each exponential is one ``exp2``.
+
+    Args:
+        q: ``[ROWS, BLOCK_D]`` query rows (columns past ``HEAD_DIM`` zero).
+        q_pos: ``[ROWS]`` (or one for all rows) context position of each row, read only with
+            ``CAUSAL``: row ``r`` then sees positions ``<= q_pos[r]``. Every row must see position 0
+            (any causal row does), which keeps the running maximum finite from the first tile on.
+        k_base, v_base: this KV head's slice of the key and value caches.
+        block_table_ptr: the request's row of the block table (int32 or int64 block ids).
+        kv_len: number of context positions read; 0 reads none.
+        scale_log2: softmax scale times ``log2(e)``.
+        stride_kb, stride_ks, stride_vb, stride_vs: block and slot strides of the caches.
+
+    Returns:
+        ``[ROWS, BLOCK_D]`` fp32 attention output; rows that saw no position are zero, not NaN.
+    """
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for start in range(0, kv_len, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        p_mask = pos < kv_len
+        block = tl.load(block_table_ptr + pos // BLOCK_SIZE, mask=p_mask, other=0).to(tl.int64)
+        offset = pos % BLOCK_SIZE
+        kv_mask = p_mask[:, None] & d_mask[None, :]
+        # k, v: [BLOCK_N, BLOCK_D]
+        k = tl.load(k_base + block[:, None] * stride_kb + offset[:, None] * stride_ks + d[None, :],
+                    mask=kv_mask, other=0.0)
+        # s: [ROWS, BLOCK_N] fp32 scores in log2 units
+        s = dot(q, tl.trans(k), UPCAST, IEEE) * scale_log2
+        if CAUSAL:
+            s = tl.where(p_mask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+        else:
+            s = tl.where(p_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST, IEEE)
+        m_i = m_new
+    # a row that saw nothing (kv_len 0: a padding row of a CUDA graph) gets zeros, not 0 / 0
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
+    return acc / l_i[:, None]

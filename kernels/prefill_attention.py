@@ -6,7 +6,8 @@ output while it streams over key/value tiles, so the score matrix is never mater
 values are read through the block table as in PagedAttention (Kwon et al. 2023), which lets one
 kernel serve a whole prompt, a later chunk of a chunked prefill, and a prompt whose first blocks
 came from the prefix cache: all three are "``query_len`` new tokens at the end of a
-``context_len``-token context".
+``context_len``-token context". The K/V tile loop is :func:`weir.kernels.common.attend_paged_context`,
+shared with the decode kernel.
 
 The new tokens' keys/values must already be in the cache (write them first with
 ``weir.kernels.kv_cache.write_kv_cache``). Grid: (query tiles, requests, query heads); tiles past a
@@ -20,10 +21,9 @@ import triton
 import triton.language as tl
 
 from weir.kernels.common import (
-    FLOAT_DTYPES, INDEX_DTYPES, check, check_kv_cache, check_tensor, dot, interpreting,
+    FLOAT_DTYPES, INDEX_DTYPES, LOG2_E, attend_paged_context, check, check_kv_cache, check_tensor,
+    interpreting,
 )
-
-LOG2_E = 1.4426950408889634
 
 
 @triton.jit
@@ -56,40 +56,19 @@ def _prefill_kernel(
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     q_pos = prefix_len + m
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # keys past the tile's last query are masked for every row; an idle tile runs no iteration
     kv_end = tl.minimum(ctx_len, prefix_len + (tile + 1) * BLOCK_M)
     kv_end = tl.where(tile * BLOCK_M < q_len, kv_end, 0)
-    k_base = k_cache_ptr + kv_head * stride_kh
-    v_base = v_cache_ptr + kv_head * stride_vh
-    for start in range(0, kv_end, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        p_mask = pos < kv_end
-        block = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0)
-        block = block.to(tl.int64)
-        offset = pos % BLOCK_SIZE
-        kv_mask = p_mask[:, None] & d_mask[None, :]
-        # k, v: [BLOCK_N, BLOCK_D]
-        k = tl.load(k_base + block[:, None] * stride_kb + offset[:, None] * stride_ks + d[None, :],
-                    mask=kv_mask, other=0.0)
-        # s: [BLOCK_M, BLOCK_N] fp32 scores in log2 units, causal within the context
-        s = dot(q, tl.trans(k), UPCAST, IEEE) * scale_log2
-        s = tl.where(p_mask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        # position 0 is in the first tile and visible to every row, so m_new is finite from then on
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST, IEEE)
-        m_i = m_new
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    acc = acc / l_i[:, None]
+    # out: [BLOCK_M, BLOCK_D] fp32, causal within the context
+    out = attend_paged_context(
+        q, q_pos, k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
+        block_tables_ptr + seq * stride_bt, kv_end, scale_log2,
+        stride_kb, stride_ks, stride_vb, stride_vs,
+        ROWS=BLOCK_M, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+        CAUSAL=True, UPCAST=UPCAST, IEEE=IEEE,
+    )
     tl.store(out_ptr + (q_start + m)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
 def _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out):
