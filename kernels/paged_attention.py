@@ -24,6 +24,7 @@ from weir.kernels.common import (
     FLOAT_DTYPES, INDEX_DTYPES, LOG2_E, attend_paged_context, check, check_kv_cache, check_tensor,
     interpreting,
 )
+from weir.kernels.cpu_paged_attention import paged_attention_varlen_ref
 
 
 @triton.jit
@@ -142,24 +143,14 @@ def paged_attention_decode_ref(
     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain torch version of :func:`paged_attention_decode` (same arguments and result), one
-    request at a time in fp32. Slow; it is the oracle of the tests."""
+    """Plain torch version of :func:`paged_attention_decode` (same arguments and result): request
+    ``i``'s query is one token that sees its ``context_lens[i]`` positions, computed by
+    :func:`weir.kernels.cpu_paged_attention.paged_attention_varlen_ref` in fp32. Slow; it is the
+    oracle of the tests."""
     _check_args(query, key_cache, value_cache, block_tables, context_lens, out)
     if out is None:
         out = torch.empty_like(query)
-    num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads, _, block_size, _ = key_cache.shape
-    qpk = num_heads // num_kv_heads
-    for i, n in enumerate(context_lens.tolist()):
-        if n == 0:
-            out[i] = 0
-            continue
-        blocks = block_tables[i, : (n + block_size - 1) // block_size].long()
-        # k, v: [num_kv_heads, n, head_dim]
-        k = key_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
-        v = value_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
-        # q: [num_kv_heads, qpk, head_dim]
-        q = query[i].float().view(num_kv_heads, qpk, head_dim)
-        p = torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1)
-        out[i] = (p @ v).reshape(num_heads, head_dim).to(out.dtype)
+    token_seq = torch.arange(query.shape[0])
+    out.copy_(paged_attention_varlen_ref(query, key_cache, value_cache, block_tables, token_seq,
+                                         context_lens, scale))
     return out

@@ -24,6 +24,7 @@ from weir.kernels.common import (
     FLOAT_DTYPES, INDEX_DTYPES, LOG2_E, attend_paged_context, check, check_kv_cache, check_tensor,
     interpreting,
 )
+from weir.kernels.cpu_paged_attention import paged_attention_varlen_ref
 
 
 @triton.jit
@@ -157,28 +158,22 @@ def prefill_attention_ref(
     block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
     max_query_len: int, scale: float, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain torch version of :func:`prefill_attention` (same arguments and result), one request
-    at a time in fp32 with an explicit causal mask. Slow; it is the oracle of the tests."""
+    """Plain torch version of :func:`prefill_attention` (same arguments and result): row ``j`` of
+    request ``i``'s chunk sees ``context_lens[i] - query_len + j + 1`` positions, computed by
+    :func:`weir.kernels.cpu_paged_attention.paged_attention_varlen_ref` in fp32. Slow; it is the
+    oracle of the tests."""
     _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out)
     if out is None:
         out = torch.empty_like(query)
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads, _, block_size, _ = key_cache.shape
-    qpk = num_heads // num_kv_heads
     starts = query_start_loc.tolist()
+    rows, token_seq, token_ctx = [], [], []
     for i, n in enumerate(context_lens.tolist()):
         s, e = starts[i], starts[i + 1]
-        if e == s:
-            continue
-        blocks = block_tables[i, : (n + block_size - 1) // block_size].long()
-        # k, v: [num_heads, n, head_dim] (each KV head repeated for its query heads)
-        k = key_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
-        v = value_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
-        k, v = k.repeat_interleave(qpk, 0), v.repeat_interleave(qpk, 0)
-        # q: [num_heads, query_len, head_dim]
-        q = query[s:e].float().transpose(0, 1)
-        q_pos = torch.arange(n - (e - s), n)
-        visible = torch.arange(n)[None, :] <= q_pos[:, None]
-        scores = (q @ k.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
-        out[s:e] = (torch.softmax(scores, -1) @ v).transpose(0, 1).to(out.dtype)
+        rows += range(s, e)
+        token_seq += [i] * (e - s)
+        token_ctx += range(n - (e - s) + 1, n + 1)
+    if rows:
+        rows = torch.tensor(rows, device=query.device)
+        out[rows] = paged_attention_varlen_ref(query[rows], key_cache, value_cache, block_tables,
+                                               torch.tensor(token_seq), torch.tensor(token_ctx), scale)
     return out

@@ -8,7 +8,7 @@ import torch
 from weir.kernels.cpu_paged_attention import (
     is_available,
     paged_attention_varlen,
-    paged_attention_varlen_reference,
+    paged_attention_varlen_ref,
 )
 from tests.support import _missing_service
 
@@ -50,7 +50,7 @@ def test_matches_reference(head_dim, group, block_size):
     q, kc, vc, bt, seq, ctx = make_case(contexts, 2, group, head_dim, block_size, seed=head_dim + group)
     scale = head_dim ** -0.5
     got = paged_attention_varlen(q, kc, vc, bt, seq, ctx, scale)
-    want = paged_attention_varlen_reference(q, kc, vc, bt, seq, ctx, scale)
+    want = paged_attention_varlen_ref(q, kc, vc, bt, seq, ctx, scale)
     assert got.shape == want.shape == q.shape
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
