@@ -45,6 +45,34 @@ def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor, device: t
     check(bs >= 8 and bs & (bs - 1) == 0, f"block_size must be a power of two >= 8, got {bs}")
 
 
+def check_attention_args(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         block_tables: torch.Tensor, context_lens: torch.Tensor,
+                         out: torch.Tensor | None) -> None:
+    """The checks the decode and prefill wrappers share: ``query`` ``[num_tokens, num_heads,
+    head_dim]`` in the caches' dtype, ``num_heads`` a multiple of the caches' ``num_kv_heads``,
+    int32/int64 ``block_tables`` ``[num_seqs, max_num_blocks]`` and contiguous ``context_lens``
+    ``[num_seqs]``, and ``out`` (when given) shaped and typed as ``query``. Raises ValueError."""
+    dev = query.device
+    check_tensor("query", query, 3, FLOAT_DTYPES, dev)
+    check_kv_cache(key_cache, value_cache, dev)
+    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, dev)
+    check_tensor("context_lens", context_lens, 1, INDEX_DTYPES, dev)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = key_cache.shape[0]
+    check(query.dtype == key_cache.dtype, f"query is {query.dtype} but the cache is {key_cache.dtype}")
+    check(key_cache.shape[3] == head_dim,
+          f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
+    check(num_heads % num_kv_heads == 0,
+          f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    check(block_tables.shape[0] == context_lens.shape[0],
+          f"block_tables {tuple(block_tables.shape)} needs one row per entry of context_lens "
+          f"{tuple(context_lens.shape)}")
+    check(context_lens.stride(0) == 1, "context_lens must be contiguous")
+    if out is not None:
+        check_tensor("out", out, 3, (query.dtype,), dev)
+        check(out.shape == query.shape, f"out {tuple(out.shape)} must match query {tuple(query.shape)}")
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels with its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return bool(triton.knobs.runtime.interpret)

@@ -20,10 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from weir.kernels.common import (
-    FLOAT_DTYPES, INDEX_DTYPES, LOG2_E, attend_paged_context, check, check_kv_cache, check_tensor,
-    interpreting,
-)
+from weir.kernels.common import LOG2_E, attend_paged_context, check, check_attention_args, interpreting
 from weir.kernels.cpu_paged_attention import paged_attention_varlen_ref
 
 
@@ -66,25 +63,9 @@ def _paged_decode_kernel(
 
 
 def _check_args(query, key_cache, value_cache, block_tables, context_lens, out):
-    dev = query.device
-    check_tensor("query", query, 3, FLOAT_DTYPES, dev)
-    check_kv_cache(key_cache, value_cache, dev)
-    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, dev)
-    check_tensor("context_lens", context_lens, 1, INDEX_DTYPES, dev)
-    num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = key_cache.shape[0]
-    check(query.dtype == key_cache.dtype, f"query is {query.dtype} but the cache is {key_cache.dtype}")
-    check(key_cache.shape[3] == head_dim,
-          f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
-    check(num_heads % num_kv_heads == 0,
-          f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    check(block_tables.shape[0] == num_seqs and context_lens.shape[0] == num_seqs,
-          f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} "
-          f"need one row per query ({num_seqs})")
-    check(context_lens.stride(0) == 1, "context_lens must be contiguous")
-    if out is not None:
-        check_tensor("out", out, 3, (query.dtype,), dev)
-        check(out.shape == query.shape, f"out {tuple(out.shape)} must match query {tuple(query.shape)}")
+    check_attention_args(query, key_cache, value_cache, block_tables, context_lens, out)
+    check(context_lens.shape[0] == query.shape[0],
+          f"context_lens {tuple(context_lens.shape)} needs one entry per query ({query.shape[0]})")
 
 
 def paged_attention_decode(

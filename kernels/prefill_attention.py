@@ -21,8 +21,7 @@ import triton
 import triton.language as tl
 
 from weir.kernels.common import (
-    FLOAT_DTYPES, INDEX_DTYPES, LOG2_E, attend_paged_context, check, check_kv_cache, check_tensor,
-    interpreting,
+    INDEX_DTYPES, LOG2_E, attend_paged_context, check, check_attention_args, check_tensor, interpreting,
 )
 from weir.kernels.cpu_paged_attention import paged_attention_varlen_ref
 
@@ -73,28 +72,13 @@ def _prefill_kernel(
 
 
 def _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out):
-    dev = query.device
-    check_tensor("query", query, 3, FLOAT_DTYPES, dev)
-    check_kv_cache(key_cache, value_cache, dev)
-    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, dev)
-    check_tensor("query_start_loc", query_start_loc, 1, INDEX_DTYPES, dev)
-    check_tensor("context_lens", context_lens, 1, INDEX_DTYPES, dev)
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads = key_cache.shape[0]
+    check_attention_args(query, key_cache, value_cache, block_tables, context_lens, out)
+    check_tensor("query_start_loc", query_start_loc, 1, INDEX_DTYPES, query.device)
     num_seqs = context_lens.shape[0]
-    check(query.dtype == key_cache.dtype, f"query is {query.dtype} but the cache is {key_cache.dtype}")
-    check(key_cache.shape[3] == head_dim,
-          f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
-    check(num_heads % num_kv_heads == 0,
-          f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    check(query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] == num_seqs,
-          f"query_start_loc {tuple(query_start_loc.shape)} needs num_seqs + 1 entries and "
-          f"block_tables {tuple(block_tables.shape)} num_seqs rows (num_seqs={num_seqs})")
-    check(query_start_loc.stride(0) == 1 and context_lens.stride(0) == 1,
-          "query_start_loc and context_lens must be contiguous")
-    if out is not None:
-        check_tensor("out", out, 3, (query.dtype,), dev)
-        check(out.shape == query.shape, f"out {tuple(out.shape)} must match query {tuple(query.shape)}")
+    check(query_start_loc.shape[0] == num_seqs + 1,
+          f"query_start_loc {tuple(query_start_loc.shape)} needs num_seqs + 1 entries "
+          f"(num_seqs={num_seqs})")
+    check(query_start_loc.stride(0) == 1, "query_start_loc must be contiguous")
 
 
 def prefill_attention(
