@@ -1,7 +1,5 @@
 """The CPU paged-attention kernel against its torch reference, over a grid of small shapes."""
 
-import random
-
 import pytest
 import torch
 
@@ -10,6 +8,7 @@ from weir.kernels.cpu_paged_attention import (
     paged_attention_varlen,
     paged_attention_varlen_ref,
 )
+from tests.kernels.support import random_paged_cache
 from tests.support import _missing_service
 
 
@@ -22,24 +21,16 @@ def kernel_built():
 def make_case(contexts, num_kv_heads, group, head_dim, block_size, seed=0):
     """Random caches and one sequence per context length with shuffled block ids; every token of
     the sequence's last ``min(3, ctx)`` positions is a query (a prefill chunk over its prefix)."""
-    g = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-c // block_size) for c in contexts) + 3
-    kc = torch.randn(num_kv_heads, num_blocks, block_size, head_dim, generator=g)
-    vc = torch.randn(num_kv_heads, num_blocks, block_size, head_dim, generator=g)
-    ids = list(range(num_blocks))
-    random.Random(seed).shuffle(ids)
-    tables, token_seq, token_ctx = [], [], []
+    kc, vc, bt = random_paged_cache(contexts, num_kv_heads, head_dim, block_size, torch.float32,
+                                    torch.device("cpu"), seed)
+    token_seq, token_ctx = [], []
     for i, c in enumerate(contexts):
-        n = -(-c // block_size)
-        tables.append(ids[:n])
-        ids = ids[n:]
         for pos in range(max(c - 3, 0), c):
             token_seq.append(i)
             token_ctx.append(pos + 1)
-    width = max(len(t) for t in tables)
-    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    g = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(len(token_seq), num_kv_heads * group, head_dim, generator=g)
-    return q, kc, vc, bt, torch.tensor(token_seq), torch.tensor(token_ctx)
+    return q, kc, vc, bt.long(), torch.tensor(token_seq), torch.tensor(token_ctx)
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 128])
