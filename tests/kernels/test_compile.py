@@ -1,8 +1,8 @@
 """Every Triton kernel compiles for a CUDA GPU (sm_90, to PTX and a cubin), with no GPU present.
 
 The other kernel tests run the kernels under Triton's CPU interpreter, which executes the Python
-body and so never sees what only the compiler checks (calls between ``@triton.jit`` functions,
-``constexpr`` branches, types of loop-carried values). Compilation runs in a child process because
+body and so never sees what only the compiler checks (a loop-carried value that changes type, an
+argument a call between ``@triton.jit`` functions cannot pass, an op with no lowering). Compilation runs in a child process because
 the interpreter setting is read when a kernel is decorated and this process has it on.
 """
 
@@ -82,8 +82,8 @@ def compiled(tmp_path_factory) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton"))  # no kernel from earlier runs
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-c", "from tests.kernels.test_compile import compile_all; compile_all()"],
-                          cwd=root, env=env, capture_output=True, text=True)
+    code = "from tests.kernels.test_compile import compile_all; compile_all()"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
