@@ -235,20 +235,17 @@ def paged_attention_varlen_ref(
     It is the one torch reference of attention over the paged cache: the Triton kernels'
     references (``paged_attention_decode_ref``, ``prefill_attention_ref``) map their arguments onto
     it. So it takes any float dtype and device, and ``token_ctx`` 0 gives a zero row (a decode
-    padding row). ``max_ctx`` is ignored.
+    padding row: the weighted sum over no values). ``max_ctx`` is ignored.
     """
     kvh, _, bs, hd = key_cache.shape
     group = query.shape[1] // kvh
     out = torch.empty_like(query)
     for t, (seq, n) in enumerate(zip(token_seq.tolist(), token_ctx.tolist())):
-        if n == 0:
-            out[t] = 0
-            continue
         blocks = block_tables[seq, : -(-n // bs)].long()
         # k, v: [num_heads, n, head_dim], each KV head repeated for its query heads
         k = key_cache[:, blocks].reshape(kvh, -1, hd)[:, :n].float().repeat_interleave(group, 0)
         v = value_cache[:, blocks].reshape(kvh, -1, hd)[:, :n].float().repeat_interleave(group, 0)
-        # s: [num_heads, 1, n], query [num_heads, 1, head_dim] against k
+        # s: [num_heads, 1, n], query [num_heads, 1, head_dim] against k (n = 0: the product is zeros)
         s = (query[t].float()[:, None, :] @ k.transpose(1, 2)) * scale
         out[t] = (s.softmax(-1) @ v)[:, 0].to(out.dtype)
     return out

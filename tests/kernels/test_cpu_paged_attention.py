@@ -64,3 +64,19 @@ def test_bad_inputs_raise():
         paged_attention_varlen(q[:, :3], kc, vc, bt, seq, ctx, 1.0)
     with pytest.raises(ValueError, match="token_seq and token_ctx must be"):
         paged_attention_varlen(q, kc, vc, bt, seq[:1], ctx, 1.0)
+
+
+def test_reference_is_causal_attention_and_zero_without_context():
+    # the oracle of every attention kernel against torch's SDPA: a 20-token sequence over 3 blocks,
+    # each token a query over its own prefix, 2 query heads on 1 KV head; then one row seeing nothing
+    kc, vc, bt = random_paged_cache([20], 1, 16, 8, torch.float32, torch.device("cpu"), seed=3)
+    q = torch.randn(21, 2, 16, generator=torch.Generator().manual_seed(4))
+    seq = torch.zeros(21, dtype=torch.int64)
+    ctx = torch.tensor(list(range(1, 21)) + [0])
+    got = paged_attention_varlen_ref(q, kc, vc, bt, seq, ctx, 0.25)
+    k = kc[0, bt[0, :3].long()].reshape(-1, 16)[:20]
+    v = vc[0, bt[0, :3].long()].reshape(-1, 16)[:20]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q[:20].transpose(0, 1), k.expand(2, 20, 16), v.expand(2, 20, 16), is_causal=True, scale=0.25)
+    torch.testing.assert_close(got[:20], want.transpose(0, 1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[20], torch.zeros(2, 16))
