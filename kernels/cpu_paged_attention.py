@@ -8,7 +8,7 @@ into a dense copy (PagedAttention, Kwon et al. 2023); each (token, KV head) pair
 of its query heads, a softmax, then the weighted sum of values (two passes over the context).
 
 When no compiler is available the caller falls back to the torch reference
-(:func:`paged_attention_varlen_reference`), which is also what the tests compare against.
+(:func:`paged_attention_varlen_ref`), which is also what the tests compare against.
 """
 
 from __future__ import annotations
@@ -224,21 +224,28 @@ def paged_attention_varlen(
     return out
 
 
-def paged_attention_varlen_reference(
+def paged_attention_varlen_ref(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, token_seq: torch.Tensor, token_ctx: torch.Tensor, scale: float,
     max_ctx: Optional[int] = None,
 ) -> torch.Tensor:
-    """The same computation in plain torch, one token at a time (the oracle of the tests)."""
+    """Plain torch version of :func:`paged_attention_varlen` (same arguments and result), one
+    token at a time in fp32, rounded to ``query``'s dtype. Slow; it is the oracle of the tests.
+
+    It is the one torch reference of attention over the paged cache: the Triton kernels'
+    references (``paged_attention_decode_ref``, ``prefill_attention_ref``) map their arguments onto
+    it. So it takes any float dtype and device, and ``token_ctx`` 0 gives a zero row (a decode
+    padding row: the weighted sum over no values). ``max_ctx`` is ignored.
+    """
     kvh, _, bs, hd = key_cache.shape
     group = query.shape[1] // kvh
     out = torch.empty_like(query)
-    for t in range(query.shape[0]):
-        n = int(token_ctx[t])
-        blocks = block_tables[int(token_seq[t])][: -(-n // bs)]
-        k = key_cache[:, blocks].reshape(kvh, -1, hd)[:, :n].repeat_interleave(group, 0)
-        v = value_cache[:, blocks].reshape(kvh, -1, hd)[:, :n].repeat_interleave(group, 0)
-        # q: [num_heads, 1, head_dim] against k/v: [num_heads, n, head_dim]
-        s = (query[t][:, None, :] @ k.transpose(1, 2)) * scale
-        out[t] = (s.softmax(-1) @ v)[:, 0]
+    for t, (seq, n) in enumerate(zip(token_seq.tolist(), token_ctx.tolist())):
+        blocks = block_tables[seq, : -(-n // bs)].long()
+        # k, v: [num_heads, n, head_dim], each KV head repeated for its query heads
+        k = key_cache[:, blocks].reshape(kvh, -1, hd)[:, :n].float().repeat_interleave(group, 0)
+        v = value_cache[:, blocks].reshape(kvh, -1, hd)[:, :n].float().repeat_interleave(group, 0)
+        # s: [num_heads, 1, n], query [num_heads, 1, head_dim] against k (n = 0: the product is zeros)
+        s = (query[t].float()[:, None, :] @ k.transpose(1, 2)) * scale
+        out[t] = (s.softmax(-1) @ v)[:, 0].to(out.dtype)
     return out

@@ -4,7 +4,8 @@ Algorithm: PagedAttention (Kwon et al. 2023, "Efficient Memory Management for La
 Serving with PagedAttention"): a request's keys/values live in fixed-size blocks found through its
 block table. The softmax is computed in one pass with a running maximum and sum (the online softmax
 of Milakov & Gimelshein 2018, as used by FlashAttention-2, Dao 2023), so no score vector of the
-whole context is ever materialised.
+whole context is ever materialised. The K/V tile loop is :func:`weir.kernels.common.attend_paged_context`,
+shared with the prefill kernel.
 
 One program handles one (request, KV head) pair and all the query heads that share that KV head
 (grouped-query attention): each key/value tile is loaded once for the whole group, and the group's
@@ -19,11 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from weir.kernels.common import (
-    FLOAT_DTYPES, INDEX_DTYPES, check, check_kv_cache, check_tensor, dot, interpreting,
-)
-
-LOG2_E = 1.4426950408889634
+from weir.kernels.common import LOG2_E, attend_paged_context, check, check_attention_args, interpreting
+from weir.kernels.cpu_paged_attention import paged_attention_varlen_ref
 
 
 @triton.jit
@@ -51,59 +49,23 @@ def _paged_decode_kernel(
     q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    k_base = k_cache_ptr + kv_head * stride_kh
-    v_base = v_cache_ptr + kv_head * stride_vh
-    for start in range(0, ctx_len, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        p_mask = pos < ctx_len
-        block = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0)
-        block = block.to(tl.int64)
-        offset = pos % BLOCK_SIZE
-        kv_mask = p_mask[:, None] & d_mask[None, :]
-        # k, v: [BLOCK_N, BLOCK_D]
-        k = tl.load(k_base + block[:, None] * stride_kb + offset[:, None] * stride_ks + d[None, :],
-                    mask=kv_mask, other=0.0)
-        # s: [BLOCK_G, BLOCK_N] fp32 scores in log2 units
-        s = dot(q, tl.trans(k), UPCAST, IEEE) * scale_log2
-        s = tl.where(p_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST, IEEE)
-        m_i = m_new
-    # a request with no context (a padding row of a CUDA graph) gets zeros, not NaN
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    acc = acc / l_i[:, None]
+    # the query is the context's last position, so it sees all of it: no causal mask
+    # out: [BLOCK_G, BLOCK_D] fp32
+    out = attend_paged_context(
+        q, ctx_len - 1, k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
+        block_tables_ptr + seq * stride_bt, ctx_len, scale_log2,
+        stride_kb, stride_ks, stride_vb, stride_vs,
+        ROWS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+        CAUSAL=False, UPCAST=UPCAST, IEEE=IEEE,
+    )
     tl.store(out_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+             out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
 def _check_args(query, key_cache, value_cache, block_tables, context_lens, out):
-    dev = query.device
-    check_tensor("query", query, 3, FLOAT_DTYPES, dev)
-    check_kv_cache(key_cache, value_cache, dev)
-    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, dev)
-    check_tensor("context_lens", context_lens, 1, INDEX_DTYPES, dev)
-    num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads = key_cache.shape[0]
-    check(query.dtype == key_cache.dtype, f"query is {query.dtype} but the cache is {key_cache.dtype}")
-    check(key_cache.shape[3] == head_dim,
-          f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
-    check(num_heads % num_kv_heads == 0,
-          f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    check(block_tables.shape[0] == num_seqs and context_lens.shape[0] == num_seqs,
-          f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} "
-          f"need one row per query ({num_seqs})")
-    check(context_lens.stride(0) == 1, "context_lens must be contiguous")
-    if out is not None:
-        check_tensor("out", out, 3, (query.dtype,), dev)
-        check(out.shape == query.shape, f"out {tuple(out.shape)} must match query {tuple(query.shape)}")
+    check_attention_args(query, key_cache, value_cache, block_tables, context_lens, out)
+    check(context_lens.shape[0] == query.shape[0],
+          f"context_lens {tuple(context_lens.shape)} needs one entry per query ({query.shape[0]})")
 
 
 def paged_attention_decode(
@@ -162,24 +124,14 @@ def paged_attention_decode_ref(
     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain torch version of :func:`paged_attention_decode` (same arguments and result), one
-    request at a time in fp32. Slow; it is the oracle of the tests."""
+    """Plain torch version of :func:`paged_attention_decode` (same arguments and result): request
+    ``i``'s query is one token that sees its ``context_lens[i]`` positions, computed by
+    :func:`weir.kernels.cpu_paged_attention.paged_attention_varlen_ref` in fp32. Slow; it is the
+    oracle of the tests."""
     _check_args(query, key_cache, value_cache, block_tables, context_lens, out)
     if out is None:
         out = torch.empty_like(query)
-    num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads, _, block_size, _ = key_cache.shape
-    qpk = num_heads // num_kv_heads
-    for i, n in enumerate(context_lens.tolist()):
-        if n == 0:
-            out[i] = 0
-            continue
-        blocks = block_tables[i, : (n + block_size - 1) // block_size].long()
-        # k, v: [num_kv_heads, n, head_dim]
-        k = key_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
-        v = value_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
-        # q: [num_kv_heads, qpk, head_dim]
-        q = query[i].float().view(num_kv_heads, qpk, head_dim)
-        p = torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1)
-        out[i] = (p @ v).reshape(num_heads, head_dim).to(out.dtype)
+    token_seq = torch.arange(query.shape[0])
+    out.copy_(paged_attention_varlen_ref(query, key_cache, value_cache, block_tables, token_seq,
+                                         context_lens, scale))
     return out

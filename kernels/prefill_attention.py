@@ -6,7 +6,8 @@ output while it streams over key/value tiles, so the score matrix is never mater
 values are read through the block table as in PagedAttention (Kwon et al. 2023), which lets one
 kernel serve a whole prompt, a later chunk of a chunked prefill, and a prompt whose first blocks
 came from the prefix cache: all three are "``query_len`` new tokens at the end of a
-``context_len``-token context".
+``context_len``-token context". The K/V tile loop is :func:`weir.kernels.common.attend_paged_context`,
+shared with the decode kernel.
 
 The new tokens' keys/values must already be in the cache (write them first with
 ``weir.kernels.kv_cache.write_kv_cache``). Grid: (query tiles, requests, query heads); tiles past a
@@ -20,10 +21,9 @@ import triton
 import triton.language as tl
 
 from weir.kernels.common import (
-    FLOAT_DTYPES, INDEX_DTYPES, check, check_kv_cache, check_tensor, dot, interpreting,
+    INDEX_DTYPES, LOG2_E, attend_paged_context, check, check_attention_args, check_tensor, interpreting,
 )
-
-LOG2_E = 1.4426950408889634
+from weir.kernels.cpu_paged_attention import paged_attention_varlen_ref
 
 
 @triton.jit
@@ -56,65 +56,29 @@ def _prefill_kernel(
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     q_pos = prefix_len + m
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # keys past the tile's last query are masked for every row; an idle tile runs no iteration
     kv_end = tl.minimum(ctx_len, prefix_len + (tile + 1) * BLOCK_M)
     kv_end = tl.where(tile * BLOCK_M < q_len, kv_end, 0)
-    k_base = k_cache_ptr + kv_head * stride_kh
-    v_base = v_cache_ptr + kv_head * stride_vh
-    for start in range(0, kv_end, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        p_mask = pos < kv_end
-        block = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=p_mask, other=0)
-        block = block.to(tl.int64)
-        offset = pos % BLOCK_SIZE
-        kv_mask = p_mask[:, None] & d_mask[None, :]
-        # k, v: [BLOCK_N, BLOCK_D]
-        k = tl.load(k_base + block[:, None] * stride_kb + offset[:, None] * stride_ks + d[None, :],
-                    mask=kv_mask, other=0.0)
-        # s: [BLOCK_M, BLOCK_N] fp32 scores in log2 units, causal within the context
-        s = dot(q, tl.trans(k), UPCAST, IEEE) * scale_log2
-        s = tl.where(p_mask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        # position 0 is in the first tile and visible to every row, so m_new is finite from then on
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, UPCAST, IEEE)
-        m_i = m_new
-    l_i = tl.where(l_i == 0.0, 1.0, l_i)
-    acc = acc / l_i[:, None]
+    # out: [BLOCK_M, BLOCK_D] fp32, causal within the context
+    out = attend_paged_context(
+        q, q_pos, k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
+        block_tables_ptr + seq * stride_bt, kv_end, scale_log2,
+        stride_kb, stride_ks, stride_vb, stride_vs,
+        ROWS=BLOCK_M, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+        CAUSAL=True, UPCAST=UPCAST, IEEE=IEEE,
+    )
     tl.store(out_ptr + (q_start + m)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
 def _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out):
-    dev = query.device
-    check_tensor("query", query, 3, FLOAT_DTYPES, dev)
-    check_kv_cache(key_cache, value_cache, dev)
-    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, dev)
-    check_tensor("query_start_loc", query_start_loc, 1, INDEX_DTYPES, dev)
-    check_tensor("context_lens", context_lens, 1, INDEX_DTYPES, dev)
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads = key_cache.shape[0]
+    check_attention_args(query, key_cache, value_cache, block_tables, context_lens, out)
+    check_tensor("query_start_loc", query_start_loc, 1, INDEX_DTYPES, query.device)
     num_seqs = context_lens.shape[0]
-    check(query.dtype == key_cache.dtype, f"query is {query.dtype} but the cache is {key_cache.dtype}")
-    check(key_cache.shape[3] == head_dim,
-          f"head_dim of query ({head_dim}) and cache ({key_cache.shape[3]}) differ")
-    check(num_heads % num_kv_heads == 0,
-          f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    check(query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] == num_seqs,
-          f"query_start_loc {tuple(query_start_loc.shape)} needs num_seqs + 1 entries and "
-          f"block_tables {tuple(block_tables.shape)} num_seqs rows (num_seqs={num_seqs})")
-    check(query_start_loc.stride(0) == 1 and context_lens.stride(0) == 1,
-          "query_start_loc and context_lens must be contiguous")
-    if out is not None:
-        check_tensor("out", out, 3, (query.dtype,), dev)
-        check(out.shape == query.shape, f"out {tuple(out.shape)} must match query {tuple(query.shape)}")
+    check(query_start_loc.shape[0] == num_seqs + 1,
+          f"query_start_loc {tuple(query_start_loc.shape)} needs num_seqs + 1 entries "
+          f"(num_seqs={num_seqs})")
+    check(query_start_loc.stride(0) == 1, "query_start_loc must be contiguous")
 
 
 def prefill_attention(
@@ -178,28 +142,22 @@ def prefill_attention_ref(
     block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
     max_query_len: int, scale: float, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain torch version of :func:`prefill_attention` (same arguments and result), one request
-    at a time in fp32 with an explicit causal mask. Slow; it is the oracle of the tests."""
+    """Plain torch version of :func:`prefill_attention` (same arguments and result): row ``j`` of
+    request ``i``'s chunk sees ``context_lens[i] - query_len + j + 1`` positions, computed by
+    :func:`weir.kernels.cpu_paged_attention.paged_attention_varlen_ref` in fp32. Slow; it is the
+    oracle of the tests."""
     _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out)
     if out is None:
         out = torch.empty_like(query)
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads, _, block_size, _ = key_cache.shape
-    qpk = num_heads // num_kv_heads
     starts = query_start_loc.tolist()
+    rows, token_seq, token_ctx = [], [], []
     for i, n in enumerate(context_lens.tolist()):
         s, e = starts[i], starts[i + 1]
-        if e == s:
-            continue
-        blocks = block_tables[i, : (n + block_size - 1) // block_size].long()
-        # k, v: [num_heads, n, head_dim] (each KV head repeated for its query heads)
-        k = key_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
-        v = value_cache[:, blocks].reshape(num_kv_heads, -1, head_dim)[:, :n].float()
-        k, v = k.repeat_interleave(qpk, 0), v.repeat_interleave(qpk, 0)
-        # q: [num_heads, query_len, head_dim]
-        q = query[s:e].float().transpose(0, 1)
-        q_pos = torch.arange(n - (e - s), n)
-        visible = torch.arange(n)[None, :] <= q_pos[:, None]
-        scores = (q @ k.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
-        out[s:e] = (torch.softmax(scores, -1) @ v).transpose(0, 1).to(out.dtype)
+        rows += range(s, e)
+        token_seq += [i] * (e - s)
+        token_ctx += range(n - (e - s) + 1, n + 1)
+    if rows:
+        rows = torch.tensor(rows, device=query.device)
+        out[rows] = paged_attention_varlen_ref(query[rows], key_cache, value_cache, block_tables,
+                                               torch.tensor(token_seq), torch.tensor(token_ctx), scale)
     return out

@@ -1,8 +1,8 @@
 """Kernel tests run the real Triton kernels on CUDA, and Triton's CPU interpreter elsewhere.
 
 ``TRITON_INTERPRET`` is read when a kernel is decorated, so it is set here, before any test module
-imports ``kernels``. The engine imports ``kernels`` only when it runs on CUDA, so tests of the
-engine's CPU path collected in the same process are unaffected.
+imports a ``weir.kernels`` Triton module. The engine imports those only when it runs on CUDA, so
+tests of the engine's CPU path collected in the same process are unaffected.
 """
 
 import os

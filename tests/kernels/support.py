@@ -10,12 +10,12 @@ import torch
 
 
 def import_kernel(name: str):
-    """Import ``kernels.<name>``; without Triton skip the module on a developer machine and fail
+    """Import ``weir.kernels.<name>``; without Triton skip the module on a developer machine and fail
     in CI (``CI`` set), so a green CI run always means the kernels ran."""
     try:
-        return importlib.import_module(f"kernels.{name}")
+        return importlib.import_module(f"weir.kernels.{name}")
     except ImportError as exc:
-        message = f"kernels.{name} needs Triton: {exc}"
+        message = f"weir.kernels.{name} needs Triton: {exc}"
         if os.environ.get("CI"):
             pytest.fail(message, pytrace=False)
         pytest.skip(message, allow_module_level=True)

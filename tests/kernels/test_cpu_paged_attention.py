@@ -1,15 +1,14 @@
 """The CPU paged-attention kernel against its torch reference, over a grid of small shapes."""
 
-import random
-
 import pytest
 import torch
 
 from weir.kernels.cpu_paged_attention import (
     is_available,
     paged_attention_varlen,
-    paged_attention_varlen_reference,
+    paged_attention_varlen_ref,
 )
+from tests.kernels.support import random_paged_cache
 from tests.support import _missing_service
 
 
@@ -22,24 +21,16 @@ def kernel_built():
 def make_case(contexts, num_kv_heads, group, head_dim, block_size, seed=0):
     """Random caches and one sequence per context length with shuffled block ids; every token of
     the sequence's last ``min(3, ctx)`` positions is a query (a prefill chunk over its prefix)."""
-    g = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-c // block_size) for c in contexts) + 3
-    kc = torch.randn(num_kv_heads, num_blocks, block_size, head_dim, generator=g)
-    vc = torch.randn(num_kv_heads, num_blocks, block_size, head_dim, generator=g)
-    ids = list(range(num_blocks))
-    random.Random(seed).shuffle(ids)
-    tables, token_seq, token_ctx = [], [], []
+    kc, vc, bt = random_paged_cache(contexts, num_kv_heads, head_dim, block_size, torch.float32,
+                                    torch.device("cpu"), seed)
+    token_seq, token_ctx = [], []
     for i, c in enumerate(contexts):
-        n = -(-c // block_size)
-        tables.append(ids[:n])
-        ids = ids[n:]
         for pos in range(max(c - 3, 0), c):
             token_seq.append(i)
             token_ctx.append(pos + 1)
-    width = max(len(t) for t in tables)
-    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    g = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(len(token_seq), num_kv_heads * group, head_dim, generator=g)
-    return q, kc, vc, bt, torch.tensor(token_seq), torch.tensor(token_ctx)
+    return q, kc, vc, bt.long(), torch.tensor(token_seq), torch.tensor(token_ctx)
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 128])
@@ -50,7 +41,7 @@ def test_matches_reference(head_dim, group, block_size):
     q, kc, vc, bt, seq, ctx = make_case(contexts, 2, group, head_dim, block_size, seed=head_dim + group)
     scale = head_dim ** -0.5
     got = paged_attention_varlen(q, kc, vc, bt, seq, ctx, scale)
-    want = paged_attention_varlen_reference(q, kc, vc, bt, seq, ctx, scale)
+    want = paged_attention_varlen_ref(q, kc, vc, bt, seq, ctx, scale)
     assert got.shape == want.shape == q.shape
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -73,3 +64,19 @@ def test_bad_inputs_raise():
         paged_attention_varlen(q[:, :3], kc, vc, bt, seq, ctx, 1.0)
     with pytest.raises(ValueError, match="token_seq and token_ctx must be"):
         paged_attention_varlen(q, kc, vc, bt, seq[:1], ctx, 1.0)
+
+
+def test_reference_is_causal_attention_and_zero_without_context():
+    # the oracle of every attention kernel against torch's SDPA: a 20-token sequence over 3 blocks,
+    # each token a query over its own prefix, 2 query heads on 1 KV head; then one row seeing nothing
+    kc, vc, bt = random_paged_cache([20], 1, 16, 8, torch.float32, torch.device("cpu"), seed=3)
+    q = torch.randn(21, 2, 16, generator=torch.Generator().manual_seed(4))
+    seq = torch.zeros(21, dtype=torch.int64)
+    ctx = torch.tensor(list(range(1, 21)) + [0])
+    got = paged_attention_varlen_ref(q, kc, vc, bt, seq, ctx, 0.25)
+    k = kc[0, bt[0, :3].long()].reshape(-1, 16)[:20]
+    v = vc[0, bt[0, :3].long()].reshape(-1, 16)[:20]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q[:20].transpose(0, 1), k.expand(2, 20, 16), v.expand(2, 20, 16), is_causal=True, scale=0.25)
+    torch.testing.assert_close(got[:20], want.transpose(0, 1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[20], torch.zeros(2, 16))
