@@ -47,7 +47,7 @@ def run_backend(backend, block_size, device=CPU, dtype=torch.float32):
     meta = backend.build_metadata(inputs)
     backend.write_kv(k, v, key_cache, value_cache, meta)
     out = backend.forward(q, k, v, key_cache, value_cache, meta, HEAD_DIM ** -0.5)
-    return out, naive_attention(q.cpu(), key_cache.cpu(), value_cache.cpu(), inputs, block_size), (k, key_cache)
+    return out, naive_attention(q.cpu(), key_cache.cpu(), value_cache.cpu(), inputs, block_size)
 
 
 def test_torch_backend_metadata():
@@ -91,7 +91,7 @@ def test_cpu_backend_leaves_long_prefix_chunks_to_sdpa():
 def test_backend_output_equals_naive_softmax(name):
     if name == "cpu" and not cpu_kernel_available():
         pytest.skip("the CPU attention kernel could not be built")
-    out, want, _ = run_backend(get_attention_backend(name), 4)
+    out, want = run_backend(get_attention_backend(name), 4)
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -103,3 +103,11 @@ def test_backend_chosen_by_device_and_dtype():
     assert select_attention_backend(torch.device("cuda"), torch.float32).name == "torch"
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_attention_backend("flash")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton backend on CUDA (on CPU: tests/kernels)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_triton_backend_on_cuda_equals_naive_softmax(dtype):
+    out, want = run_backend(get_attention_backend("triton"), 8, torch.device("cuda"), dtype)
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(out.double().cpu(), want, atol=tol, rtol=tol)

@@ -22,15 +22,20 @@ def test_profiling_step_leaves_the_real_cache_untouched(tiny_llama_dir, backend)
         pytest.skip("the CPU attention kernel could not be built")
     if backend == "triton":
         pytest.importorskip("triton")
-    llm = LLM(tiny_llama_dir, skip_tokenizer_init=True, num_gpu_blocks_override=16, dtype="float32")
+    # the Triton backend on its own device where there is one, else on CPU under the interpreter
+    device = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    llm = LLM(tiny_llama_dir, skip_tokenizer_init=True, num_gpu_blocks_override=16, dtype=dtype,
+              device=device.type, enforce_eager=True)
     runner = llm.llm_engine.runner
     runner.set_attention_backend(get_attention_backend(backend))
     # the cache as a running engine has it: every block holds data (block 0, which the profiling
     # step's block tables point at, included)
     runner.kv_cache.copy_(torch.randn(runner.kv_cache.shape, generator=torch.Generator().manual_seed(0)))
+    assert runner.kv_cache.device.type == device.type
     before = runner.kv_cache.clone()
     # 70 tokens as prompts of at most 29: three prefills in one step, logits of 4 rows
     toks = dummy_step(llm.llm_engine.model, runner.attn_backend, runner.kv_caches, 70, 4, 30, 16,
-                      torch.device("cpu"))
+                      device)
     assert toks.shape == (4,)
     assert torch.equal(runner.kv_cache, before)

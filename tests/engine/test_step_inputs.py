@@ -11,6 +11,7 @@ from weir.engine.scheduler import ScheduledRequest, SchedulerOutput
 from weir.engine.step_inputs import build_step_inputs
 
 CPU = torch.device("cpu")
+DEVICES = [CPU] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 
 
 @dataclass
@@ -37,10 +38,11 @@ def as_lists(inputs):
             ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_table")}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_mixed_step_packs_decodes_then_prefix_chunks_shortest_first_then_fresh_prompts(dtype):
+def test_mixed_step_packs_decodes_then_prefix_chunks_shortest_first_then_fresh_prompts(dtype, device):
     sched = mixed_step()
-    inputs = build_step_inputs(sched, 4, CPU, dtype)
+    inputs = build_step_inputs(sched, 4, device, dtype)
     # packed order: A (decode), D (chunk of 2), C (chunk of 4), B (fresh)
     assert [s.request for s in inputs.requests] == [sched.scheduled[i].request for i in (2, 3, 1, 0)]
     assert as_lists(inputs) == {
@@ -53,7 +55,7 @@ def test_mixed_step_packs_decodes_then_prefix_chunks_shortest_first_then_fresh_p
     }
     assert (inputs.num_decodes, inputs.max_query_len, inputs.max_seq_len, inputs.num_actual_tokens) == (1, 4, 8, 10)
     assert (inputs.query_start_loc_cpu, inputs.seq_lens_cpu) == ([0, 1, 3, 7, 10], [6, 4, 8, 3])
-    assert {getattr(inputs, f).dtype for f in as_lists(inputs)} == {dtype}
+    assert {(getattr(inputs, f).dtype, getattr(inputs, f).device) for f in as_lists(inputs)} == {(dtype, device)}
     # every field is a view of one packed tensor (one host-to-device copy)
     base = inputs.input_ids.untyped_storage().data_ptr()
     assert all(getattr(inputs, f).untyped_storage().data_ptr() == base for f in as_lists(inputs))
