@@ -6,7 +6,8 @@ RMSNorm -> SwiGLU MLP -> residual, a final RMSNorm and a tied or untied LM head.
 to the q/k/v projections. The numerics follow transformers' ``LlamaForCausalLM`` (RMSNorm in fp32,
 RoPE tables from transformers' own rotary module) so greedy outputs match it token for token.
 
-q/k/v and gate/up projections are fused into one matmul each.
+q/k/v and gate/up projections are fused into one matmul each; each residual add is done inside the
+norm after it (one fused kernel on the Triton backend).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 
 
 class RMSNorm(nn.Module):
