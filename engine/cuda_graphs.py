@@ -6,8 +6,10 @@ batch size; a step with ``n`` decodes replays the graph of the smallest captured
 the extra rows padded (slot -1: nothing written; context length 0: zero output). Prefill steps run
 eagerly. Only the model forward is captured; logits and sampling run after it.
 
-All graphs share one memory pool and one set of static input buffers sized for the largest batch
-(captured first, so the smaller graphs fit inside its pool).
+All graphs share one memory pool and one set of static inputs: a :class:`StepInputs` of the
+largest batch, made by the step builder itself (the same packed layout as every step), whose
+first ``b`` rows the graph of size ``b`` reads. The largest graph is captured first, so the
+smaller ones fit inside its pool.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import time
 
 import torch
 
-from weir.engine.attention import AttentionMetadata
-from weir.engine.step_inputs import KernelStep
+from weir.engine.scheduler import SchedulerOutput
+from weir.engine.step_inputs import StepInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -32,32 +34,31 @@ def decode_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Owns the captured decode graphs, their memory pool and static input/output buffers.
+    """Owns the captured decode graphs, their memory pool and static inputs/outputs.
 
     Args:
         model: the ``LlamaForCausalLM`` (on CUDA, fp16/bf16).
+        attn_backend: the Triton backend (its metadata is views of the static inputs).
         kv_caches: the per-layer ``(key_cache, value_cache)`` pairs the graphs read and write.
         max_num_seqs: the largest decode batch.
         max_num_blocks: block-table width, ``ceil(max_model_len / block_size)``.
+        block_size: tokens per KV block.
         device: the CUDA device.
-        capture: False keeps the static buffers and padding but runs every replay eagerly (what
-            the CPU tests check the padding with).
+        capture: False keeps the static inputs and padding but runs every replay eagerly (what
+            the CPU tests check the padding and input copies with).
     """
 
-    def __init__(self, model, kv_caches, max_num_seqs: int, max_num_blocks: int, device: torch.device,
-                 capture: bool = True):
+    def __init__(self, model, attn_backend, kv_caches, max_num_seqs: int, max_num_blocks: int,
+                 block_size: int, device: torch.device, capture: bool = True):
         t0 = time.perf_counter()
         self.sizes = decode_batch_sizes(max_num_seqs)
-        n = self.sizes[-1]
-        i32 = dict(dtype=torch.int32, device=device)
-        self._input_ids = torch.zeros(n, **i32)
-        self._positions = torch.zeros(n, **i32)
-        self._slot_mapping = torch.full((n,), -1, **i32)
-        self._context_lens = torch.zeros(n, **i32)
-        self._block_tables = torch.zeros(n, max_num_blocks, **i32)
+        # all rows padding: token 0, position 0, slot -1, seq_lens 0
+        self.static_inputs = build_step_inputs(
+            SchedulerOutput(), block_size, device, attn_backend.index_dtype,
+            num_padded_decodes=self.sizes[-1], block_table_width=max_num_blocks)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
-        self._model, self._kv_caches = model, kv_caches
+        self._model, self._backend, self._kv_caches = model, attn_backend, kv_caches
         if not capture:
             return
         pool = torch.cuda.graph_pool_handle()
@@ -79,12 +80,10 @@ class DecodeGraphs:
                     len(self.sizes), self.sizes, time.perf_counter() - t0)
 
     def _forward(self, b: int) -> torch.Tensor:
-        """The model forward over the first ``b`` rows of the static buffers."""
-        meta = AttentionMetadata(
-            slot_mapping=self._slot_mapping[:b], num_decode_tokens=b, use_kernels=True,
-            decode_block_tables=self._block_tables[:b], decode_context_lens=self._context_lens[:b],
-        )
-        return self._model(self._input_ids[:b], self._positions[:b], self._kv_caches, meta)
+        """The model forward over the first ``b`` rows of the static inputs."""
+        inputs = self.static_inputs.decode_rows(b)
+        return self._model(inputs.input_ids, inputs.positions, self._kv_caches, self._backend,
+                           self._backend.build_metadata(inputs))
 
     def padded_size(self, num_decodes: int) -> int | None:
         """The captured batch size a step of ``num_decodes`` decodes replays, or None if too many."""
@@ -93,8 +92,29 @@ class DecodeGraphs:
                 return b
         return None
 
-    def replay(self, step: KernelStep) -> torch.Tensor:
-        """Copy a padded decode-only step into the static buffers and replay its graph.
+    def copy_inputs(self, step: StepInputs) -> int:
+        """Copy a padded decode-only step into the static inputs; returns its batch size.
+
+        Raises:
+            ValueError: no graph has that batch size, or the step's block table is wider than
+                the static one.
+        """
+        b, width = step.block_table.shape
+        static = self.static_inputs
+        if b not in self.sizes or step.num_decodes != b or width > static.block_table.shape[1]:
+            raise ValueError(f"no decode graph for {step.num_decodes} decodes in {b} rows "
+                             f"with {width} blocks per request")
+        static.input_ids[:b].copy_(step.input_ids)
+        static.positions[:b].copy_(step.positions)
+        static.slot_mapping[:b].copy_(step.slot_mapping)
+        static.seq_lens[:b].copy_(step.seq_lens)
+        # columns past width keep stale ids: they are never read, because a request reads only
+        # the blocks of its context (query_start_loc is 0..b for every decode batch: no copy)
+        static.block_table[:b, :width].copy_(step.block_table)
+        return b
+
+    def replay(self, step: StepInputs) -> torch.Tensor:
+        """Copy a padded decode-only step into the static inputs and replay its graph.
 
         Args:
             step: built with ``num_padded_decodes`` equal to a captured size.
@@ -102,18 +122,11 @@ class DecodeGraphs:
         Returns:
             ``[padded_size, hidden_size]`` final hidden states, a view of the graph's output that
             the next replay overwrites.
+
+        Raises:
+            ValueError: see :meth:`copy_inputs`.
         """
-        b = step.input_ids.shape[0]
-        nd, width = step.meta.decode_block_tables.shape
-        if b not in self.sizes or width > self._block_tables.shape[1]:
-            raise ValueError(f"no decode graph for batch {b} with {width} blocks per request")
-        self._input_ids[:b].copy_(step.input_ids)
-        self._positions[:b].copy_(step.positions)
-        self._slot_mapping[:b].copy_(step.meta.slot_mapping)
-        self._context_lens[:b].copy_(step.meta.decode_context_lens)
-        # rows past nd and columns past width keep stale ids: they are never read, because a
-        # request reads only the blocks of its context and padding rows have context 0
-        self._block_tables[:nd, :width].copy_(step.meta.decode_block_tables)
+        b = self.copy_inputs(step)
         if b not in self._graphs:  # built with capture=False: the same buffers, run eagerly
             return self._forward(b)
         self._graphs[b].replay()

@@ -11,59 +11,53 @@ headroom for the CUDA-graph pool, cuBLAS workspaces and fragmentation (the schem
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
-from weir.engine.attention import AttentionMetadata, PrefillSeq, use_kernels
+from weir.engine.attention import AttentionBackend, select_attention_backend
+from weir.engine.scheduler import ScheduledRequest, SchedulerOutput
+from weir.engine.step_inputs import build_step_inputs
 
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
 
 
+@dataclass
+class _ProfilePrompt:
+    """What the step builder reads of a request: a fresh prompt whose blocks are all block 0."""
+
+    all_token_ids: list[int]
+    block_table: list[int]
+    num_computed_tokens: int = 0
+
+
 @torch.inference_mode()
-def dummy_step(model, num_tokens: int, num_sampled: int, max_model_len: int, block_size: int,
-               device: torch.device, dtype: torch.dtype, kernels: bool) -> torch.Tensor:
+def dummy_step(model, attn_backend: AttentionBackend, kv_caches, num_tokens: int, num_sampled: int,
+               max_model_len: int, block_size: int, device: torch.device) -> torch.Tensor:
     """The largest step the scheduler can build: ``num_tokens`` prompt tokens in prompts of at
     most ``max_model_len - 1`` tokens, then logits and a log-softmax of ``num_sampled`` rows.
-    Runs the Triton path when ``kernels``, else the torch reference; nothing is written to the
-    engine's KV cache (a one-block scratch cache is used).
+
+    The step is built by the engine's own step builder and run on ``attn_backend``, with every
+    slot -1: nothing is written to ``kv_caches`` (per layer a ``(key_cache, value_cache)`` pair;
+    any number of blocks, the block tables point at block 0 only).
 
     Returns:
         ``[min(num_sampled, num_tokens)]`` int64 argmax tokens (so the work cannot be skipped).
     """
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     # prompts of at most max_model_len - 1 tokens filling the token budget, as the scheduler can
-    lens = []
+    sched = SchedulerOutput()
     left = num_tokens
     while left > 0:
-        lens.append(min(left, max_model_len - 1))
-        left -= lens[-1]
-    positions = torch.cat([torch.arange(n, device=device) for n in lens])
-    input_ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-    # one cache block serves every layer: no slot is written (kernels) or every write hits it
-    cache = torch.zeros(2, cfg.num_key_value_heads, 1, block_size, head_dim, dtype=dtype, device=device)
-    kv_caches = [(cache[0], cache[1])] * cfg.num_hidden_layers
-    if kernels:
-        starts = [0]
-        for n in lens:
-            starts.append(starts[-1] + n)
-        width = -(-max(lens) // block_size)
-        i32 = dict(dtype=torch.int32, device=device)
-        meta = AttentionMetadata(
-            slot_mapping=torch.full((num_tokens,), -1, **i32), use_kernels=True,
-            prefill_block_tables=torch.zeros(len(lens), width, **i32),
-            prefill_query_start_loc=torch.tensor(starts, **i32),
-            prefill_context_lens=torch.tensor(lens, **i32), max_prefill_query_len=max(lens),
-        )
-    else:
-        meta = AttentionMetadata(slot_mapping=torch.zeros(num_tokens, dtype=torch.long, device=device))
-        offset = 0
-        for n in lens:
-            meta.prefills.append(PrefillSeq(offset, n))
-            offset += n
-    hidden = model(input_ids, positions, kv_caches, meta)
+        n = min(left, max_model_len - 1)
+        prompt = _ProfilePrompt([0] * n, [0] * -(-n // block_size))
+        sched.scheduled.append(ScheduledRequest(prompt, n))
+        left -= n
+    inputs = build_step_inputs(sched, block_size, device, attn_backend.index_dtype, write_kv=False)
+    model.use_norm_kernel(attn_backend.fused_rms_norm)
+    hidden = model(inputs.input_ids, inputs.positions, kv_caches, attn_backend,
+                   attn_backend.build_metadata(inputs))
     rows = torch.arange(min(num_sampled, num_tokens), device=device)
     return torch.log_softmax(model.compute_logits(hidden[rows]), dim=-1).argmax(-1)
 
@@ -83,8 +77,12 @@ def profile_kv_cache_bytes(model, max_num_batched_tokens: int, max_num_seqs: int
     free_bytes, total_bytes = torch.cuda.mem_get_info(device)
     weights_bytes = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    dummy_step(model, max_num_batched_tokens, max_num_seqs, max_model_len, block_size, device, dtype,
-               use_kernels(device, dtype))
+    # the cache does not exist yet: a one-block scratch cache, never written (every slot is -1)
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    scratch = torch.zeros(2, cfg.num_key_value_heads, 1, block_size, head_dim, dtype=dtype, device=device)
+    dummy_step(model, select_attention_backend(device, dtype), [(scratch[0], scratch[1])] * cfg.num_hidden_layers,
+               max_num_batched_tokens, max_num_seqs, max_model_len, block_size, device)
     torch.cuda.synchronize(device)
     peak_bytes = torch.cuda.max_memory_allocated(device) - weights_bytes
     torch.cuda.empty_cache()

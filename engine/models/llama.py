@@ -6,7 +6,8 @@ RMSNorm -> SwiGLU MLP -> residual, a final RMSNorm and a tied or untied LM head.
 to the q/k/v projections. The numerics follow transformers' ``LlamaForCausalLM`` (RMSNorm in fp32,
 RoPE tables from transformers' own rotary module) so greedy outputs match it token for token.
 
-q/k/v and gate/up projections are fused into one matmul each.
+q/k/v and gate/up projections are fused into one matmul each; each residual add is done inside the
+norm after it (one fused kernel on the Triton backend).
 """
 
 from __future__ import annotations
@@ -15,18 +16,35 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from weir.engine.attention import AttentionMetadata, attention, write_kv
-
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32."""
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32, optionally after the
+    residual add before it.
+
+    With ``use_kernel`` (set by :meth:`LlamaForCausalLM.use_norm_kernel`) the add and the norm
+    run as one Triton kernel (``weir.kernels.rms_norm``); otherwise in torch, with the same
+    rounding (the sum is rounded to the input dtype before it is normalised).
+    """
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
         self.eps = eps
+        self.use_kernel = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``x``: ``[num_tokens, hidden_size]``. Returns the normalised rows, or with ``residual``
+        (same shape) the pair ``(norm(x + residual), x + residual)``."""
+        if self.use_kernel:
+            from weir.kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual=residual)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused pass, same values as the three-step form below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
@@ -60,10 +78,16 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(h, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps, dtype)
 
-    def forward(self, x, cos, sin, key_cache, value_cache, meta: AttentionMetadata):
-        # x: [num_tokens, hidden]; cos/sin: [num_tokens, 1, head_dim]
-        residual = x
-        h = self.input_layernorm(x)
+    def forward(self, x, residual, cos, sin, key_cache, value_cache, attn_backend, attn_metadata):
+        """One block. ``x``: ``[num_tokens, hidden]``, the previous block's MLP output (or the
+        embeddings, with ``residual`` None); ``residual``: the stream before it; cos/sin:
+        ``[num_tokens, 1, head_dim]``. Returns ``(mlp_output, residual)``: their sum is the block's
+        output, added inside the next norm."""
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
         qkv = self.qkv_proj(h)
         t = x.shape[0]
         nq, nkv = self.num_heads, self.num_kv_heads
@@ -73,14 +97,11 @@ class LlamaDecoderLayer(nn.Module):
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         q, k = qk[:, :nq], qk[:, nq:]
         v = qkv[:, (nq + nkv) * self.head_dim:].view(t, nkv, self.head_dim)
-        write_kv(k, v, key_cache, value_cache, meta)
-        o = attention(q, k, v, key_cache, value_cache, meta, self.scale)
-        x = residual + self.o_proj(o.reshape(t, -1))
-        residual = x
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).split(
-            self.intermediate_size, dim=-1
-        )
-        return residual + self.down_proj(F.silu(gate) * up)
+        attn_backend.write_kv(k, v, key_cache, value_cache, attn_metadata)
+        o = attn_backend.forward(q, k, v, key_cache, value_cache, attn_metadata, self.scale)
+        h, residual = self.post_attention_layernorm(self.o_proj(o.reshape(t, -1)), residual)
+        gate, up = self.gate_up_proj(h).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -121,15 +142,24 @@ class LlamaForCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
+    def use_norm_kernel(self, enabled: bool) -> None:
+        """Run every residual add + RMSNorm as the fused Triton kernel (the Triton attention
+        backend's choice), or in torch."""
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.use_kernel = enabled
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, attn_backend,
+                attn_metadata) -> torch.Tensor:
         """Run one packed step.
 
         Args:
-            input_ids: ``[num_tokens]`` int64.
-            positions: ``[num_tokens]`` int64 position of each token in its request.
+            input_ids: ``[num_tokens]`` int32/int64.
+            positions: ``[num_tokens]`` int32/int64 position of each token in its request.
             kv_caches: per layer a ``(key_cache, value_cache)`` pair, each
                 ``[num_kv_heads, num_blocks, block_size, head_dim]``.
-            meta: :class:`AttentionMetadata` of the step.
+            attn_backend: a backend of ``weir.engine.attention``.
+            attn_metadata: what ``attn_backend.build_metadata`` made of the step's inputs.
 
         Returns:
             ``[num_tokens, hidden_size]`` final hidden states (after the last norm).
@@ -138,9 +168,10 @@ class LlamaForCausalLM(nn.Module):
         # cos/sin: [num_tokens, 1, head_dim], broadcast over heads
         cos = self.cos_cache[positions].unsqueeze(1)
         sin = self.sin_cache[positions].unsqueeze(1)
+        residual = None
         for layer, (kc, vc) in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, kc, vc, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, kc, vc, attn_backend, attn_metadata)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` logits in fp32."""
