@@ -304,7 +304,7 @@ class LLMEngine:
             EngineStepError: the model runner raised; the step's requests were ended (see
                 :class:`EngineStepError`), the others stay queued and the engine stays usable.
         """
-        finished = self._expire(time.time()) if self._deadlines else []
+        finished = []
         sched = self.scheduler.schedule()
         if sched.scheduled:
             result = self._execute(sched)
@@ -314,6 +314,8 @@ class LLMEngine:
             finished += update.finished + self._stop_on_strings(update)
         elif self.scheduler.waiting:
             self.scheduler.release_waiting_blocks()
+        if self._deadlines:  # after the step, so that a failed step cannot drop an expired request
+            finished += self._expire(time.time())
         return self._make_outputs(finished)
 
     def _execute(self, sched: SchedulerOutput):

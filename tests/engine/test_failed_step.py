@@ -202,3 +202,20 @@ def test_generate_validates_every_request_before_queueing_any(tiny_llama_dir):
     finally:
         del llm.encode_labels
     assert not engine.has_unfinished()
+
+
+def test_a_request_past_its_deadline_is_not_lost_by_a_failed_step(tiny_llama_dir):
+    import time
+
+    engine = make_llm(tiny_llama_dir).llm_engine
+    engine.add_request([5, 6, 7], GREEDY, request_id="late", timeout_s=0.01)
+    engine.add_request([8, 9], GREEDY, request_id="other")
+    time.sleep(0.05)
+    fail_next_execute(engine)
+    with pytest.raises(EngineStepError) as err:
+        engine.step()
+    outs = run_all(engine)
+    # every request either ends with the step's error or returns an output; none is dropped
+    assert sorted(err.value.request_ids + list(outs)) == ["late", "other"]
+    assert_idle(engine)
+    assert engine._requests == {} and engine._owners == {}
