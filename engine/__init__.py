@@ -16,6 +16,7 @@ from weir.engine.sampling_params import SamplingParams
 __all__ = [
     "LLM",
     "EngineFront",
+    "EngineStepError",
     "SamplingParams",
     "RequestOutput",
     "CompletionOutput",
@@ -32,4 +33,8 @@ def __getattr__(name):  # lazy: importing engine must not pull torch for light u
         from weir.engine.front import EngineFront
 
         return EngineFront
+    if name == "EngineStepError":
+        from weir.engine.llm_engine import EngineStepError
+
+        return EngineStepError
     raise AttributeError(name)

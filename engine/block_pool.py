@@ -102,12 +102,25 @@ class BlockPool:
             out.append(b)
         return out
 
-    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        """Record that ``block`` holds the full block ``block_hash`` (first holder wins)."""
+    def cache_full_block(self, block: KVCacheBlock, block_hash: BlockHash) -> bool:
+        """Record that ``block`` holds the full block ``block_hash`` (first holder wins).
+
+        Returns:
+            True when ``block`` took the hash now (False: caching is off or it already had one).
+        """
         if not self.enable_caching or block.block_hash is not None:
-            return
+            return False
         block.block_hash = block_hash
         self.cached.setdefault(block_hash, block)
+        return True
+
+    def uncache_blocks(self, blocks: list[KVCacheBlock]) -> None:
+        """Forget the hash of each block (its contents are not what the hash says); ref counts and
+        the free queue are unchanged."""
+        for b in blocks:
+            if b.block_hash is not None and self.cached.get(b.block_hash) is b:
+                del self.cached[b.block_hash]
+            b.block_hash = None
 
     def free_blocks(self, blocks: list[KVCacheBlock]) -> None:
         """Drop one reference from each block; blocks reaching 0 join the free-queue tail in the

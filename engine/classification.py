@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from weir.engine.kv_cache_manager import KVCacheManager
 from weir.engine.outputs import ClassificationOutput, softmax
+from weir.engine.request import Request, ScoringTask
+from weir.engine.sampling_params import SamplingParams
+
+# a scoring request samples nothing; these params only keep the scheduler's generation rules inert
+SCORING_PARAMS = SamplingParams(temperature=0, max_tokens=1)
 
 
 @dataclass
@@ -60,6 +66,10 @@ def build_label_trie(prompt_token_ids: list[int], label_token_ids: list[list[int
 class Classification:
     """State of one prompt's choice scoring: the trie, the node requests in flight, the scores.
 
+    Owns ``active`` (id of each node request in flight -> its trie node) and ``scores`` (label
+    index -> summed log-probability, set once the label's last node finished). Done when every
+    label has a score and no node request is in flight.
+
     Args:
         request_id: the id returned to the caller.
         labels: the label names, in the order returned.
@@ -78,7 +88,7 @@ class Classification:
         self.prompt_len = len(prompt_token_ids)
         self.length_normalize = length_normalize
         self.scores: dict[int, float] = {}
-        self.active: set[str] = set()  # ids of node requests not yet finished
+        self.active: dict[str, LabelNode] = {}
         self.num_cached_tokens = 0
         self.num_label_tokens = 0
         self._ids = 0
@@ -89,7 +99,50 @@ class Classification:
 
     @property
     def done(self) -> bool:
-        return len(self.scores) == len(self.labels)
+        return len(self.scores) == len(self.labels) and not self.active
+
+    def root_request(self) -> Request:
+        """The request that computes the prompt and the first label tokens' log-probabilities."""
+        root = self.root
+        return self._node_request(self.request_id, root, root.edge,
+                                  ScoringTask(None, [], [c.edge[0] for c in root.child_list]))
+
+    def _node_request(self, request_id: str, node: LabelNode, tokens: list[int], task: ScoringTask) -> Request:
+        self.active[request_id] = node
+        return Request(request_id, tokens, SCORING_PARAMS, scoring=task)
+
+    def expand(self, req: Request, kv: KVCacheManager) -> list[Request]:
+        """A node request finished (its blocks still held): add its scored tokens to the node's
+        score, record the labels ending there, and fork one request per child that still has
+        tokens to score onto its blocks (a fork that finds no free block for its copy of the
+        partial block recomputes through the prefix cache).
+
+        Returns:
+            The new node requests, in trie order (to be scheduled before any waiting request).
+        """
+        node = self.active.pop(req.request_id)
+        task = req.scoring
+        if node is self.root:
+            self.num_cached_tokens = req.num_cached_tokens or 0
+        else:
+            node.score += sum(task.logprobs[j] for j in range(len(task.targets)))
+        for i in node.labels:
+            self.scores[i] = node.score
+        forks = []
+        for child, first_lp in zip(node.child_list, task.final_logprobs or []):
+            child.score = node.score + first_lp
+            num_new, targets, final_ids = node_request_plan(req.num_tokens, child)
+            if num_new == 0:
+                for i in child.labels:
+                    self.scores[i] = child.score
+                continue
+            fork = self._node_request(self.next_id(), child, req.all_token_ids + child.edge[:num_new],
+                                      ScoringTask(req.num_tokens, targets, final_ids))
+            if not kv.fork(req, fork):
+                fork.num_computed_tokens = 0
+            self.num_label_tokens += num_new
+            forks.append(fork)
+        return forks
 
     def output(self) -> ClassificationOutput:
         raw = [self.scores[i] for i in range(len(self.labels))]

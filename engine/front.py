@@ -6,19 +6,28 @@ import itertools
 import logging
 import threading
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Callable
 
 from weir.engine.llm import LLM, PromptType
+from weir.engine.llm_engine import EngineStepError
 from weir.engine.outputs import calibrate
 from weir.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["EngineFront", "EngineStepError"]
 
-class EngineStepError(RuntimeError):
-    """An engine step raised: every request in flight was aborted with this error (a fault of the
-    engine or device, not of any one request; the request may succeed when submitted again)."""
+
+def _resolve(fut: Future, result=None, error: BaseException | None = None) -> None:
+    """Set a future's result or error, unless its caller cancelled it first."""
+    try:
+        if error is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(error)
+    except InvalidStateError:  # cancelled by the caller in the meantime
+        pass
 
 
 class EngineFront:
@@ -30,9 +39,11 @@ class EngineFront:
     a prompt that is too long). Prompts are tokenized in the calling thread, so bad input fails
     there at once.
 
-    The engine itself is touched only by the loop thread. A step that raises fails every request
-    in flight with :class:`EngineStepError`; :attr:`consecutive_step_failures` counts failed steps
-    since the last good one (a sticky device error keeps it growing).
+    The engine itself is touched only by the loop thread. A step whose execute raises fails the
+    requests of that step with :class:`EngineStepError` (retryable) and the others carry on; any
+    other error in the loop fails every request in flight with it. :attr:`consecutive_step_failures`
+    counts failed steps since the last good one (a sticky device error keeps it growing). A future
+    the caller cancels aborts its request.
     """
 
     def __init__(self, llm: LLM, name: str = "weir-engine"):
@@ -63,7 +74,14 @@ class EngineFront:
             self._inbox.append((lambda: add(rid), fut))
             self._cv.notify()
         fut.request_id = rid  # lets a caller abort it
+        fut.add_done_callback(self._abort_if_cancelled)
         return fut
+
+    def _abort_if_cancelled(self, fut: Future) -> None:
+        if fut.cancelled():
+            with self._cv:
+                self._aborts.append(fut.request_id)
+                self._cv.notify()
 
     def submit_generate(self, prompt: PromptType, params: SamplingParams) -> Future:
         """Queue one generation; the future gives a ``RequestOutput``.
@@ -109,12 +127,15 @@ class EngineFront:
                 if out.done() or not (prior.done() and fut.done()):
                     return
                 try:
-                    out.set_result(calibrate(fut.result(), prior.result()))
-                except Exception as e:  # the request's or the prior's error, or a cancel
-                    out.set_exception(e)
+                    result = calibrate(fut.result(), prior.result())
+                except BaseException as e:  # the request's or the prior's error, or a cancel
+                    _resolve(out, error=e)
+                else:
+                    _resolve(out, result)
 
         fut.add_done_callback(combine)
         prior.add_done_callback(combine)
+        out.add_done_callback(lambda f: f.cancelled() and fut.cancel())
         return out
 
     def abort(self, future: Future) -> None:
@@ -148,10 +169,12 @@ class EngineFront:
                 aborts, self._aborts = self._aborts, deque()
                 stopping, drain = self._stopping, self._drain
             for add, fut in inbox:
+                if fut.cancelled():
+                    continue
                 try:
                     self._futures[add()] = fut
                 except Exception as e:  # bad request: fail it, keep serving the rest
-                    fut.set_exception(e)
+                    _resolve(fut, error=e)
             for rid in aborts:
                 eng.abort(rid)
                 fut = self._futures.pop(rid, None)
@@ -160,28 +183,35 @@ class EngineFront:
             if stopping and (not drain or not eng.has_unfinished()):
                 for rid, fut in self._futures.items():
                     eng.abort(rid)
-                    fut.set_exception(RuntimeError("engine shut down before the request finished"))
+                    _resolve(fut, error=RuntimeError("engine shut down before the request finished"))
                 self._futures.clear()
                 return
             try:
                 outputs = eng.step()
-            except Exception as e:  # a bug in one step must not wedge every waiting caller
-                self.consecutive_step_failures += 1
-                logger.exception("engine step failed (%d in a row); failing the in-flight requests",
-                                 self.consecutive_step_failures)
-                error = EngineStepError(f"engine step failed: {type(e).__name__}: {e}")
+            except EngineStepError as e:
+                self._step_failed(e, e.request_ids)
+                continue
+            except Exception as e:  # a bug outside execute: the engine may be in any state
+                error = EngineStepError(f"engine step failed: {type(e).__name__}: {e}", list(self._futures))
                 error.__cause__ = e
-                for rid, fut in list(self._futures.items()):
-                    try:
-                        eng.abort(rid)
-                    except Exception:  # the engine may be in any state after a failed step
-                        logger.exception("cannot abort %s after a failed step", rid)
-                    fut.set_exception(error)
-                self._futures.clear()
+                self._step_failed(error, list(self._futures))
                 continue
             self.consecutive_step_failures = 0
             self._stats = eng.stats()
             for out in outputs:
                 fut = self._futures.pop(out.request_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(out)
+                if fut is not None:
+                    _resolve(fut, out)
+
+    def _step_failed(self, error: EngineStepError, request_ids: list[str]) -> None:
+        self.consecutive_step_failures += 1
+        logger.error("engine step failed (%d in a row); failing its %d requests",
+                     self.consecutive_step_failures, len(request_ids), exc_info=error.__cause__)
+        for rid in request_ids:
+            try:
+                self._engine.abort(rid)  # a no-op for the requests the engine already ended
+            except Exception:  # the engine may be in any state after a failed step
+                logger.exception("cannot abort %s after a failed step", rid)
+            fut = self._futures.pop(rid, None)
+            if fut is not None:
+                _resolve(fut, error=error)

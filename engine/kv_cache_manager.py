@@ -14,6 +14,12 @@ class KVCacheManager:
     A request's ``block_table`` covers exactly ``ceil(num_computed_tokens / block_size)`` blocks
     after each step: blocks are taken as tokens arrive and returned the moment it ends.
 
+    A block's hash enters the prefix cache when the block is allocated for the step that fills
+    it, so a request scheduled later in the same step already hits it (every layer writes the
+    whole step's keys/values before any attention reads them). Until that step's execute has
+    returned the hash is *uncommitted*: :meth:`commit_cached_blocks` keeps the step's hashes,
+    :meth:`uncache_uncommitted` forgets them when the step raised (their blocks were never written).
+
     Args:
         block_pool: the shared :class:`BlockPool`.
         block_size: tokens per block.
@@ -31,6 +37,7 @@ class KVCacheManager:
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_queries_tokens = 0
         self.num_hit_tokens = 0
+        self._uncommitted: list[KVCacheBlock] = []  # blocks whose hash this step registered
 
     def _update_block_hashes(self, req: Request) -> None:
         bs = self.block_size
@@ -53,8 +60,8 @@ class KVCacheManager:
             return [], 0
         self._update_block_hashes(req)
         limit = req.num_tokens - 1
-        if req.score_start is not None:  # scored positions must run through the model
-            limit = min(limit, req.score_start)
+        if req.scoring is not None and req.scoring.start is not None:  # scored positions must run
+            limit = min(limit, req.scoring.start)
         if req.sampling_params.prompt_logprobs is not None:  # every prompt position needs logits
             limit = 0
         max_blocks = limit // self.block_size
@@ -102,7 +109,24 @@ class KVCacheManager:
         self._update_block_hashes(req)
         blocks = self.req_blocks[req.request_id]
         for i in range(min(num_tokens // self.block_size, len(req.block_hashes))):
-            self.pool.cache_full_block(blocks[i], req.block_hashes[i])
+            if self.pool.cache_full_block(blocks[i], req.block_hashes[i]):
+                self._uncommitted.append(blocks[i])
+
+    def commit_cached_blocks(self) -> None:
+        """The step ran: every hash registered for it now describes written keys/values."""
+        self._uncommitted.clear()
+
+    def uncache_uncommitted(self) -> list[int]:
+        """The step raised: forget the hashes registered for it (their blocks stay with their
+        requests, to be freed as usual, but no later request can hit them).
+
+        Returns:
+            The ids of the blocks whose hash was forgotten, in registration order.
+        """
+        ids = [b.block_id for b in self._uncommitted]
+        self.pool.uncache_blocks(self._uncommitted)
+        self._uncommitted = []
+        return ids
 
     def fork(self, parent: Request, child: Request, num_tokens: Optional[int] = None) -> bool:
         """Give ``child`` the parent's first ``num_tokens`` computed tokens (default: all of

@@ -82,13 +82,24 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def _run(self, ids: list[str]) -> list:
+        """Step until every request in ``ids`` finished; their outputs in that order.
+
+        Raises:
+            EngineStepError: a step failed; the batch's other requests are aborted too, so the
+                engine is left with nothing of this call queued.
+        """
         pending = set(ids)
         results = {}
-        while pending:
-            for out in self.llm_engine.step():
-                if out.request_id in pending:
-                    results[out.request_id] = out
-                    pending.discard(out.request_id)
+        try:
+            while pending:
+                for out in self.llm_engine.step():
+                    if out.request_id in pending:
+                        results[out.request_id] = out
+                        pending.discard(out.request_id)
+        except BaseException:
+            for rid in pending:
+                self.llm_engine.abort(rid)
+            raise
         return [results[i] for i in ids]
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
@@ -104,7 +115,9 @@ class LLM:
             One :class:`RequestOutput` per prompt, in input order.
 
         Raises:
-            ValueError: a prompt is empty or too long (nothing is run then).
+            ValueError: a prompt is empty or too long, or a sampling parameter is out of range
+                for this engine (checked for every prompt before any is queued).
+            EngineStepError: a step failed (nothing of this call is left queued).
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) or (
                 prompts and isinstance(prompts[0], dict)):
@@ -114,6 +127,8 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
         encoded = [self.encode_prompt(p) for p in prompts]
+        for e, sp in zip(encoded, params):
+            self.llm_engine.check_request(e, sp)
         ids = [self.llm_engine.add_request(e, sp, prompt=p if isinstance(p, str) else None)
                for e, sp, p in zip(encoded, params, prompts)]
         return self._run(ids)
@@ -161,7 +176,9 @@ class LLM:
             probability, in input order.
 
         Raises:
-            ValueError: empty, blank or duplicate labels, empty or too long prompt.
+            ValueError: empty, blank or duplicate labels, empty or too long prompt (checked for
+                every prompt before any is queued).
+            EngineStepError: a step failed (nothing of this call is left queued).
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
             prompts = [prompts]
@@ -169,9 +186,11 @@ class LLM:
             raise ValueError("labels must be non-blank strings")
         label_ids = self.encode_labels(labels, label_texts)
         encoded = [self.encode_prompt(p) for p in prompts]
+        cal = None if calibration_prompt is None else self.encode_prompt(calibration_prompt)
+        for e in encoded + ([cal] if cal is not None else []):
+            self.llm_engine.check_classification(e, labels, label_ids)
         prior = None
-        if calibration_prompt is not None:
-            cal = self.encode_prompt(calibration_prompt)
+        if cal is not None:
             prior = self._run([self.llm_engine.add_classification(cal, labels, label_ids,
                                                                   length_normalize=length_normalize)])[0]
         ids = [self.llm_engine.add_classification(e, labels, label_ids, length_normalize=length_normalize)

@@ -1,7 +1,11 @@
 """The engine: requests in, one scheduled step at a time, outputs out.
 
-``step()`` is three lines of data flow: ``scheduler.schedule() -> SchedulerOutput``,
-``model_runner.execute(SchedulerOutput) -> ModelRunnerOutput``, ``scheduler.update(...)``.
+``step()`` is data flow: ``scheduler.schedule() -> SchedulerOutput``,
+``model_runner.execute(SchedulerOutput) -> ModelRunnerOutput``,
+``scheduler.update(SchedulerOutput, ModelRunnerOutput) -> SchedulerUpdate``, then the requests that
+update created (n > 1 samples: :mod:`weir.engine.parallel_sampling`; label forks:
+:mod:`weir.engine.classification`) are queued and the outputs of the finished ones are made
+(:mod:`weir.engine.output_processor`) and returned.
 """
 
 from __future__ import annotations
@@ -15,34 +19,38 @@ from typing import Optional, Union
 import torch
 
 from weir.engine.block_pool import BlockPool
-from weir.engine.classification import Classification, LabelNode, node_request_plan
+from weir.engine.classification import Classification
 from weir.engine.engine_args import EngineArgs
 from weir.engine.kv_cache_manager import KVCacheManager
 from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_state_dict, load_tokenizer, resolve_model
 from weir.engine.model_runner import ModelRunner
 from weir.engine.models.llama import LlamaForCausalLM
-from weir.engine.outputs import ClassificationOutput, CompletionOutput, Logprob, RequestOutput
+from weir.engine.output_processor import DURATIONS, OutputProcessor
+from weir.engine.outputs import ClassificationOutput, RequestOutput
+from weir.engine.parallel_sampling import ParentRequest
 from weir.engine.request import Request, RequestStatus
 from weir.engine.sampling_params import SamplingParams
-from weir.engine.scheduler import Scheduler
+from weir.engine.scheduler import Scheduler, SchedulerOutput, SchedulerUpdate
 
 logger = logging.getLogger(__name__)
 
 EngineOutput = Union[RequestOutput, ClassificationOutput]
 
 
-class _SampleGroup:
-    """The ``n`` sequences of one generation request; sequence 0 computes the prompt, the others
-    are forked from its blocks once it has sampled its first token."""
+class EngineStepError(RuntimeError):
+    """A step's execute raised (a fault of the engine or device, not of any one request).
 
-    def __init__(self, request_id: str, n: int):
-        self.request_id = request_id
-        self.members: list[Request] = []
-        self.n = n
+    The requests of that step were ended and their blocks freed; the prefix cache keeps only
+    blocks whose keys/values were written. Submitting them again may succeed.
 
-    @property
-    def finished(self) -> bool:
-        return len(self.members) == self.n and all(m.is_finished for m in self.members)
+    Attributes:
+        request_ids: the ids (as given to ``add_request``/``add_classification``) of the requests
+            that were ended, in scheduled order.
+    """
+
+    def __init__(self, message: str, request_ids: Optional[list[str]] = None):
+        super().__init__(message)
+        self.request_ids = list(request_ids or [])
 
 
 class LLMEngine:
@@ -106,12 +114,13 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len)
         self.default_generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self._ids = itertools.count()
-        self._classifications: dict[str, Classification] = {}
-        self._groups: dict[str, _SampleGroup] = {}
+        self.output_processor = OutputProcessor(self.tokenizer)
+        # caller's request id -> its sequences' owner; and each sequence's id -> the same owner
+        self._requests: dict[str, Union[ParentRequest, Classification]] = {}
+        self._owners: dict[str, Union[ParentRequest, Classification]] = {}
         self._deadlines: dict[str, Request] = {}
         # count, sum, max of each per-request duration (seconds)
-        self._timings = {k: [0, 0.0, 0.0] for k in ("queue_time_s", "time_to_first_token_s", "e2e_latency_s")}
-        self._finished: list[EngineOutput] = []
+        self._timings = {key: [0, 0.0, 0.0] for key, _, _ in DURATIONS}
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         logger.info("engine ready: model=%s device=%s dtype=%s num_gpu_blocks=%d block_size=%d "
@@ -147,19 +156,9 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
-                    request_id: Optional[str] = None, prompt: Optional[str] = None,
-                    timeout_s: Optional[float] = None) -> str:
-        """Queue one generation request (``params.n`` samples).
-
-        Args:
-            timeout_s: seconds from now after which the request is aborted (blocks freed,
-                output returned with ``finish_reason="abort"`` and ``stop_reason="timeout"``).
-
-        Raises:
-            ValueError: empty prompt, prompt too long, token ids outside the vocabulary, stop
-                strings without a tokenizer, more logprobs than ``max_logprobs``, timeout_s not > 0.
-        """
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                      request_id: Optional[str] = None, timeout_s: Optional[float] = None) -> None:
+        """Raise what :meth:`add_request` would raise for these arguments; queue nothing."""
         self.check_prompt(prompt_token_ids)
         for name in ("logprobs", "prompt_logprobs"):
             asked = getattr(params, name)
@@ -169,71 +168,70 @@ class LLMEngine:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init is set)")
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        rid = request_id or f"gen-{next(self._ids)}"
-        req = self._new_sequence(rid, prompt_token_ids, params, 0, prompt)
+        self._check_id_free(request_id)
+
+    def _check_id_free(self, request_id: Optional[str]) -> None:
+        if request_id is not None and (request_id in self._requests or request_id in self._owners):
+            raise ValueError(f"request id {request_id!r} is already in use")
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    request_id: Optional[str] = None, prompt: Optional[str] = None,
+                    timeout_s: Optional[float] = None) -> str:
+        """Queue one generation request (``params.n`` samples).
+
+        Args:
+            request_id: unique among live requests (default: a fresh ``gen-<k>``); free again
+                once the request's output was returned or it was aborted.
+            timeout_s: seconds from now after which the request is aborted (blocks freed,
+                output returned with ``finish_reason="abort"`` and ``stop_reason="timeout"``).
+
+        Raises:
+            ValueError: empty prompt, prompt too long, token ids outside the vocabulary, stop
+                strings without a tokenizer, more logprobs than ``max_logprobs``, timeout_s not > 0,
+                a request id already in use.
+        """
+        self.check_request(prompt_token_ids, params, request_id, timeout_s)
+        rid = request_id or self._fresh_id("gen")
+        first = self._new_sequence(rid, prompt_token_ids, params, 0, prompt)
         if timeout_s is not None:
-            req.deadline = time.time() + timeout_s
-            self._deadlines[rid] = req
-        group = self._groups[rid] = _SampleGroup(rid, params.n)
-        group.members.append(req)
-        req.group = group
-        if params.n > 1:
-            req.on_first_token = lambda parent: self._fork_samples(group, parent)
-        self.num_prompt_tokens += req.num_prompt_tokens
-        self.scheduler.add_request(req)
+            first.deadline = time.time() + timeout_s
+        parent = ParentRequest(rid, params.n, first)
+        self._requests[rid] = parent
+        self._add_sequences(parent, [first])
+        self.num_prompt_tokens += first.num_prompt_tokens
+        return rid
+
+    def _fresh_id(self, prefix: str) -> str:
+        rid = f"{prefix}-{next(self._ids)}"
+        while rid in self._requests or rid in self._owners:
+            rid = f"{prefix}-{next(self._ids)}"
         return rid
 
     def _new_sequence(self, rid: str, prompt_token_ids: list[int], params: SamplingParams, index: int,
                       prompt: Optional[str] = None) -> Request:
-        req = Request(rid, prompt_token_ids, params, self.eos_token_ids, prompt=prompt)
-        req.sample_index = index
+        req = Request(rid, prompt_token_ids, params, self.eos_token_ids, prompt=prompt, sample_index=index)
         seed = params.sample_seed(index)
         if seed is not None:
             req.generator = torch.Generator(device=self.device).manual_seed(seed)
         elif not params.is_greedy:
             req.generator = self.default_generator
-        if params.stop and self.tokenizer is not None:
-            from weir.engine.detokenizer import IncrementalDetokenizer
-
-            req.detokenizer = IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
-                spaces_between_special_tokens=params.spaces_between_special_tokens,
-                stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
         return req
 
-    def _fork_samples(self, group: _SampleGroup, parent: Request) -> None:
-        """Parent has sampled its first token: samples 1..n-1 take its prompt blocks (all but the
-        last prompt token's, which each recomputes to sample its own first token)."""
-        params = parent.sampling_params
-        children = []
-        for i in range(1, params.n):
-            child = self._new_sequence(f"{group.request_id}/{i}", parent.prompt_token_ids, params, i,
-                                       parent.prompt)
-            child.deadline = parent.deadline
-            if child.deadline is not None:
-                self._deadlines[child.request_id] = child
-            child.metrics = {"arrival_time": parent.metrics["arrival_time"]}
-            if not self.kv.fork(parent, child, parent.num_prompt_tokens - 1):
-                child.num_computed_tokens = 0  # no block for the copy: recompute via the prefix cache
-            group.members.append(child)
-            child.group = group
-            children.append(child)
-        for child in reversed(children):
-            self.scheduler.add_request(child, front=True)
+    def _add_sequences(self, owner: Union[ParentRequest, Classification], seqs: list[Request],
+                       front: bool = False) -> None:
+        """Queue new sequences of ``owner`` (``front``: ahead of every waiting request, in order)."""
+        for seq in seqs:
+            self._owners[seq.request_id] = owner
+            if seq.deadline is not None:
+                self._deadlines[seq.request_id] = seq
+            if not seq.is_scoring:
+                self.output_processor.add_sequence(seq)
+        for seq in (reversed(seqs) if front else seqs):
+            self.scheduler.add_request(seq, front=front)
 
-    def add_classification(self, prompt_token_ids: list[int], labels: list[str],
-                           label_token_ids: list[list[int]], request_id: Optional[str] = None,
-                           length_normalize: bool = False) -> str:
-        """Queue choice scoring of ``labels`` as continuations of the prompt.
-
-        Each label's score is the sum of its tokens' log-probabilities (nats), or their mean with
-        ``length_normalize``. The prompt and every prefix shared by several labels are computed
-        once (see :mod:`weir.engine.classification`).
-
-        Raises:
-            ValueError: empty prompt or label list, duplicate labels, a label with no tokens,
-                two labels with the same tokens, too long for the model.
-        """
+    def check_classification(self, prompt_token_ids: list[int], labels: list[str],
+                             label_token_ids: list[list[int]], request_id: Optional[str] = None) -> None:
+        """Raise what :meth:`add_classification` would raise for these arguments; queue nothing."""
         self.check_prompt(prompt_token_ids)
         if not labels:
             raise ValueError("labels is empty")
@@ -246,55 +244,29 @@ class LLMEngine:
         longest = len(prompt_token_ids) + max(len(t) for t in label_token_ids)
         if longest > self.max_model_len:
             raise ValueError(f"prompt plus label has {longest} tokens, more than max_model_len={self.max_model_len}")
-        rid = request_id or f"cls-{next(self._ids)}"
+        self._check_id_free(request_id)
+
+    def add_classification(self, prompt_token_ids: list[int], labels: list[str],
+                           label_token_ids: list[list[int]], request_id: Optional[str] = None,
+                           length_normalize: bool = False) -> str:
+        """Queue choice scoring of ``labels`` as continuations of the prompt.
+
+        Each label's score is the sum of its tokens' log-probabilities (nats), or their mean with
+        ``length_normalize``. The prompt and every prefix shared by several labels are computed
+        once (see :mod:`weir.engine.classification`).
+
+        Raises:
+            ValueError: empty prompt or label list, duplicate labels, a label with no tokens,
+                two labels with the same tokens, too long for the model, a request id already in use.
+        """
+        self.check_classification(prompt_token_ids, labels, label_token_ids, request_id)
+        rid = request_id or self._fresh_id("cls")
         cls = Classification(rid, labels, label_token_ids, prompt_token_ids, length_normalize)
-        root = cls.root
-        parent = self._scoring_request(cls, rid, root.edge, None, [], [c.edge[0] for c in root.child_list])
-        parent.on_finish = lambda req: self._expand(cls, root, req)
-        self._classifications[rid] = cls
-        self.num_prompt_tokens += parent.num_prompt_tokens
-        self.scheduler.add_request(parent)
+        root = cls.root_request()
+        self._requests[rid] = cls
+        self._add_sequences(cls, [root])
+        self.num_prompt_tokens += root.num_prompt_tokens
         return rid
-
-    def _scoring_request(self, cls: Classification, rid: str, tokens: list[int], score_start: Optional[int],
-                         targets: list[int], final_ids: Optional[list[int]]) -> Request:
-        req = Request(rid, tokens, SamplingParams(temperature=0, max_tokens=1), self.eos_token_ids)
-        req.score_start = score_start
-        req.score_targets = targets
-        req.final_logprob_ids = final_ids
-        cls.active.add(rid)
-        return req
-
-    def _expand(self, cls: Classification, node: LabelNode, req: Request) -> None:
-        """``node``'s request finished: add its scored tokens, record labels ending there, and
-        fork one request per child that still has tokens to score."""
-        cls.active.discard(req.request_id)
-        if node is cls.root:
-            cls.num_cached_tokens = max(req.num_cached_tokens, 0)
-        else:
-            node.score += sum(req.score_logprobs[j] for j in range(len(req.score_targets)))
-        for i in node.labels:
-            cls.scores[i] = node.score
-        forks = []
-        for child, first_lp in zip(node.child_list, req.final_logprobs or []):
-            child.score = node.score + first_lp
-            num_new, targets, final_ids = node_request_plan(req.num_tokens, child)
-            if num_new == 0:
-                for i in child.labels:
-                    cls.scores[i] = child.score
-                continue
-            tokens = req.all_token_ids + child.edge[:num_new]
-            fork = self._scoring_request(cls, cls.next_id(), tokens, req.num_tokens, targets, final_ids)
-            fork.on_finish = lambda r, child=child: self._expand(cls, child, r)
-            if not self.kv.fork(req, fork):
-                fork.num_computed_tokens = 0  # no block for the copy: recompute via the prefix cache
-            cls.num_label_tokens += num_new
-            forks.append(fork)
-        for fork in reversed(forks):
-            self.scheduler.add_request(fork, front=True)
-        if cls.done and not cls.active:
-            del self._classifications[cls.request_id]
-            self._finished.append(cls.output())
 
     def abort(self, request_id: str) -> bool:
         """Stop a request (every sample of it, or a classification with its label forks) and free
@@ -303,61 +275,90 @@ class LLMEngine:
         Returns:
             False if the request is unknown or already finished.
         """
-        found = False
-        group = self._groups.pop(request_id, None)
-        if group is not None:
-            for m in group.members:
-                found = (self.scheduler.abort(m.request_id) is not None) or found
-        cls = self._classifications.pop(request_id, None)
-        if cls is not None:
-            for rid in list(cls.active):
-                self.scheduler.abort(rid)
-            found = True
-        return found
+        owner = self._requests.pop(request_id, None)
+        if owner is None:
+            return False
+        seq_ids = owner.sequence_ids() if isinstance(owner, ParentRequest) else list(owner.active)
+        for rid in seq_ids:
+            self.scheduler.abort(rid)
+            self._forget_sequence(rid)
+        return True
+
+    def _forget_sequence(self, seq_id: str) -> None:
+        self._owners.pop(seq_id, None)
+        self._deadlines.pop(seq_id, None)
+        self.output_processor.remove_sequence(seq_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._finished)
+        return self.scheduler.has_unfinished()
 
     # ---- the step ---------------------------------------------------------------------------
 
     def step(self) -> list[EngineOutput]:
-        """Run one scheduled step; return the outputs of requests that finished in it."""
-        if self._deadlines:
-            self._expire(time.time())
+        """Schedule, execute, update, make outputs.
+
+        Returns:
+            The outputs of the requests that finished in this step (and of those past their deadline).
+
+        Raises:
+            EngineStepError: the model runner raised; the step's requests were ended (see
+                :class:`EngineStepError`), the others stay queued and the engine stays usable.
+        """
+        finished = []
         sched = self.scheduler.schedule()
         if sched.scheduled:
-            result = self.runner.execute(sched)
-            finished = self.scheduler.update(sched, result)
-            finished += self._check_stop_strings(sched)
-            for req in finished:
-                if not req.is_scoring:
-                    self._sequence_done(req)
+            result = self._execute(sched)
+            update = self.scheduler.update(sched, result)
+            self._add_forks(update)
+            self.scheduler.free(update.finished)
+            finished += update.finished + self._stop_on_strings(update)
         elif self.scheduler.waiting:
             self.scheduler.release_waiting_blocks()
-        out, self._finished = self._finished, []
-        return out
+        if self._deadlines:  # after the step, so that a failed step cannot drop an expired request
+            finished += self._expire(time.time())
+        return self._make_outputs(finished)
 
-    def _check_stop_strings(self, sched) -> list[Request]:
-        """Feed new tokens to the detokenizers; a stop string ends its request at once."""
+    def _execute(self, sched: SchedulerOutput):
+        try:
+            return self.runner.execute(sched)
+        except Exception as e:
+            failed = []
+            for seq in self.scheduler.fail_step(sched):
+                owner = self._owners.get(seq.request_id)
+                if owner is not None and owner.request_id not in failed:
+                    failed.append(owner.request_id)
+            for rid in failed:
+                self.abort(rid)
+            raise EngineStepError(f"engine step failed: {type(e).__name__}: {e}", failed) from e
+
+    def _add_forks(self, update: SchedulerUpdate) -> None:
+        """Queue the sequences the step's results call for, ahead of every waiting request: the
+        other samples of an n > 1 request once its first sequence sampled a token, and the label
+        forks of a finished classification node (both forked from blocks still held)."""
+        for seq in update.sampled:
+            owner = self._owners[seq.request_id]
+            if owner.needs_children(seq):
+                children = owner.fork_children(
+                    lambda cid, i: self._new_sequence(cid, seq.prompt_token_ids, seq.sampling_params, i,
+                                                      seq.prompt), self.kv)
+                self._add_sequences(owner, children, front=True)
+        for seq in update.finished:
+            if seq.is_scoring:
+                cls = self._owners[seq.request_id]
+                self._add_sequences(cls, cls.expand(seq, self.kv), front=True)
+
+    def _stop_on_strings(self, update: SchedulerUpdate) -> list[Request]:
+        """End the sequences whose text reached a stop string; returns those that were still running."""
         stopped = []
-        for s in sched.scheduled:
-            req = s.request
-            det = req.detokenizer
-            if det is None or len(det.token_ids) == len(req.output_token_ids):
-                continue
-            p = req.sampling_params
-            matched = det.update(req.output_token_ids[len(det.token_ids):],
-                                 check_stop=len(req.output_token_ids) >= p.min_tokens)
-            if matched is not None:
-                req.stop_reason = matched
-                if req.is_finished:
-                    req.status = RequestStatus.FINISHED_STOPPED
-                else:
-                    self.scheduler.finish_request(req, RequestStatus.FINISHED_STOPPED)
-                    stopped.append(req)
+        for seq in self.output_processor.find_stop_strings(update.sampled):
+            if not seq.is_finished:
+                self.scheduler.finish_request(seq, RequestStatus.FINISHED_STOPPED)
+                stopped.append(seq)
+            seq.status = RequestStatus.FINISHED_STOPPED
         return stopped
 
-    def _expire(self, now: float) -> None:
+    def _expire(self, now: float) -> list[Request]:
+        expired = []
         for rid, req in list(self._deadlines.items()):
             if req.is_finished:
                 del self._deadlines[rid]
@@ -365,59 +366,32 @@ class LLMEngine:
                 del self._deadlines[rid]
                 req.stop_reason = "timeout"
                 self.scheduler.finish_request(req, RequestStatus.FINISHED_ABORTED)
-                self._sequence_done(req)
+                expired.append(req)
+        return expired
 
-    def _sequence_done(self, req: Request) -> None:
-        now = time.time()
-        req.metrics["finished_time"] = now
-        if req.detokenizer is not None:
-            req.detokenizer.finish()
-        self.num_generation_tokens += len(req.output_token_ids)
-        group = req.group
-        if req.status == RequestStatus.FINISHED_ABORTED and len(group.members) < group.n:
-            group.n = len(group.members)  # timed out before the other samples were forked
-        if group.request_id not in self._groups or not group.finished:
-            return
-        del self._groups[group.request_id]
-        m = group.members[0].metrics
-        m["finished_time"] = now
-        for key, start, end in (("queue_time_s", "arrival_time", "first_scheduled_time"),
-                                ("time_to_first_token_s", "arrival_time", "first_token_time"),
-                                ("e2e_latency_s", "arrival_time", "finished_time")):
-            if start in m and end in m:
-                m[key] = m[end] - m[start]
-                agg = self._timings[key]
-                agg[0], agg[1], agg[2] = agg[0] + 1, agg[1] + m[key], max(agg[2], m[key])
-        self._finished.append(self._request_output(group))
-
-    def _logprobs(self, entries: list) -> dict[int, Logprob]:
-        tok = self.tokenizer
-        return {t: Logprob(lp, rank, tok.decode([t]) if tok is not None else None) for t, lp, rank in entries}
-
-    def _completion(self, req: Request) -> CompletionOutput:
-        sp = req.sampling_params
-        if req.detokenizer is not None:
-            text = req.detokenizer.output_text
-        elif self.tokenizer is not None:
-            text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=sp.skip_special_tokens)
-        else:
-            text = ""
-        comp = CompletionOutput(req.sample_index, text, list(req.output_token_ids),
-                                RequestStatus.finish_reason(req.status), req.stop_reason)
-        if sp.logprobs is not None:
-            comp.logprobs = [self._logprobs(e) for e in req.logprobs]
-            comp.cumulative_logprob = sum(e[0][1] for e in req.logprobs)
-        return comp
-
-    def _request_output(self, group: _SampleGroup) -> RequestOutput:
-        first = group.members[0]
-        out = RequestOutput(group.request_id, first.prompt, first.prompt_token_ids,
-                            [self._completion(m) for m in group.members], True,
-                            max(first.num_cached_tokens, 0), dict(first.metrics))
-        if first.sampling_params.prompt_logprobs is not None:
-            out.prompt_logprobs = [None] + [self._logprobs(first.prompt_logprobs[p])
-                                            for p in range(1, first.num_prompt_tokens)]
-        return out
+    def _make_outputs(self, finished: list[Request]) -> list[EngineOutput]:
+        """Outputs of the requests whose last sequence is among ``finished``."""
+        outputs = []
+        for seq in finished:
+            owner = self._owners.pop(seq.request_id, None)
+            self._deadlines.pop(seq.request_id, None)
+            if owner is None:  # aborted
+                continue
+            if isinstance(owner, Classification):
+                if owner.done and self._requests.pop(owner.request_id, None) is not None:
+                    outputs.append(owner.output())
+                continue
+            self.output_processor.finish_sequence(seq)
+            self.num_generation_tokens += len(seq.output_token_ids)
+            owner.sequence_ended(seq)
+            if owner.is_finished and self._requests.pop(owner.request_id, None) is not None:
+                out = self.output_processor.make_request_output(owner)
+                for key, agg in self._timings.items():
+                    if key in out.metrics:
+                        v = out.metrics[key]
+                        agg[0], agg[1], agg[2] = agg[0] + 1, agg[1] + v, max(agg[2], v)
+                outputs.append(out)
+        return outputs
 
     def stats(self) -> dict:
         """Counters with vLLM's metric names (tokens unless stated), and per-request timings of

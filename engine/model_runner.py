@@ -111,15 +111,16 @@ class ModelRunner:
             r = s.request
             start, n = r.num_computed_tokens, s.num_new_tokens
             last = offset + n - 1
-            if r.is_scoring:
-                if r.score_start is not None:
-                    lo = max(start, r.score_start)
-                    hi = min(start + n, r.score_start + len(r.score_targets))
+            task = r.scoring
+            if task is not None:
+                if task.start is not None:
+                    lo = max(start, task.start)
+                    hi = min(start + n, task.start + len(task.targets))
                     for p in range(lo, hi):
                         score_rows.append(offset + p - start)
-                        score_targets.append(r.score_targets[p - r.score_start])
-                        score_keys.append((r.request_id, p - r.score_start))
-                if s.completes_prompt and r.final_logprob_ids is not None:
+                        score_targets.append(task.targets[p - task.start])
+                        score_keys.append((r.request_id, p - task.start))
+                if s.completes_prompt and task.final_logprob_ids is not None:
                     final_rows.append(last)
                     final_reqs.append(r)
             else:
@@ -152,5 +153,5 @@ class ModelRunner:
         if final_rows:
             lp = torch.log_softmax(self.model.compute_logits(hidden[final_rows]), dim=-1)
             for row, r in zip(lp, final_reqs):
-                out.final_logprobs[r.request_id] = row[r.final_logprob_ids].tolist()
+                out.final_logprobs[r.request_id] = row[r.scoring.final_logprob_ids].tolist()
         return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import dataclass, field
 from typing import Optional
 
 from weir.engine.sampling_params import SamplingParams
@@ -34,16 +35,28 @@ class RequestStatus(enum.IntEnum):
         }.get(status)
 
 
+@dataclass
+class ScoringTask:
+    """What a scoring request computes instead of sampling: the log-probability of each target
+    token, where ``targets[i]`` is the token expected after position ``start + i`` (no targets when
+    ``start`` is None), and, when ``final_logprob_ids`` is set, the log-probabilities of those ids
+    after the request's last token. Results (nats) fill ``logprobs`` and ``final_logprobs``."""
+
+    start: Optional[int]
+    targets: list[int]
+    final_logprob_ids: Optional[list[int]] = None
+    logprobs: dict[int, float] = field(default_factory=dict)  # i -> log p(targets[i])
+    final_logprobs: Optional[list[float]] = None
+
+
 class Request:
     """One sequence the scheduler runs.
 
     Owns its token ids (prompt then output), ``num_computed_tokens`` (tokens whose keys/values
-    are in the cache) and its ``block_table`` (KV block ids covering those tokens, in order).
-
-    A *scoring* request (``score_targets`` set) generates nothing: it computes its prompt and
-    returns the log-probability of each target token, where ``score_targets[i]`` is the token
-    expected after position ``score_start + i`` (``score_logprobs[i]``), and, when
-    ``final_logprob_ids`` is set, the log-probabilities of those ids after its last token.
+    are in the cache), its ``block_table`` (KV block ids covering those tokens, in order) and its
+    status. ``num_cached_tokens`` (prompt tokens found in the prefix cache) is None until it is
+    first scheduled. A *scoring* request (``scoring`` set) generates nothing: see
+    :class:`ScoringTask`.
     """
 
     def __init__(
@@ -54,6 +67,8 @@ class Request:
         eos_token_ids: frozenset[int] = frozenset(),
         arrival_time: Optional[float] = None,
         prompt: Optional[str] = None,
+        sample_index: int = 0,
+        scoring: Optional[ScoringTask] = None,
     ):
         self.request_id = request_id
         self.prompt = prompt
@@ -66,23 +81,15 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: Optional[int | str] = None  # stop token id or stop string that ended it
         self.num_computed_tokens = 0
-        self.num_cached_tokens = -1  # set at first scheduling
+        self.num_cached_tokens: Optional[int] = None
         self.block_table: list[int] = []
         self.block_hashes: list = []  # chain hashes of the full blocks of all_token_ids
         self.num_preemptions = 0
         self.generator = None
-        self.score_start: Optional[int] = None
-        self.score_targets: Optional[list[int]] = None
-        self.score_logprobs: dict[int, float] = {}
-        self.final_logprob_ids: Optional[list[int]] = None
-        self.final_logprobs: Optional[list[float]] = None
-        self.on_finish = None  # callable(request) run by the engine when the request ends
-        self.on_first_token = None  # callable(request) run when the first output token is appended
-        self.sample_index = 0  # which of the request's ``n`` samples this sequence is
-        self.group = None  # the engine's record of the ``n`` samples this sequence belongs to
+        self.scoring = scoring
+        self.sample_index = sample_index  # which of the request's ``n`` samples this sequence is
         self.logprobs: list = []  # per output token: sampler entries (see engine.sampler.TokenLogprob)
         self.prompt_logprobs: dict[int, list] = {}  # prompt position -> entries
-        self.detokenizer = None  # engine.detokenizer.IncrementalDetokenizer when text is tracked
         self.deadline: Optional[float] = None  # time.time() after which the request is aborted
         self.metrics = {"arrival_time": arrival_time or time.time()}
 
@@ -96,11 +103,17 @@ class Request:
 
     @property
     def is_scoring(self) -> bool:
-        return self.score_targets is not None
+        return self.scoring is not None
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def reset_progress(self) -> None:
+        """Forget what was computed (after its blocks were freed): the request recomputes."""
+        self.num_computed_tokens = 0
+        if self.scoring is not None:
+            self.scoring.logprobs = {}
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, tokens={self.num_tokens}, "

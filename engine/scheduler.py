@@ -6,6 +6,9 @@ One rule covers prefill, chunked prefill, decode and prefix hits: each scheduled
 up to ``max_num_seqs`` running. When the pool runs out of blocks the most recently admitted running
 request is preempted: its blocks are freed and it goes back to the head of the waiting queue, to be
 recomputed later (after vLLM's scheduler, recompute mode).
+
+``update`` applies a step's ``ModelRunnerOutput`` and returns what changed (:class:`SchedulerUpdate`);
+it calls nothing outside the scheduler and the KV cache manager.
 """
 
 from __future__ import annotations
@@ -50,7 +53,26 @@ class ModelRunnerOutput:
     final_logprobs: dict[str, list[float]] = field(default_factory=dict)
 
 
+@dataclass
+class SchedulerUpdate:
+    """What one step's ``update`` changed.
+
+    Attributes:
+        sampled: generation requests that got a token in this step, in scheduled order (finished
+            ones included).
+        finished: requests that ended in this step (EOS, a stop token id, a length limit, scoring
+            done), in scheduled order. They have left ``running`` but still hold their blocks, so
+            that new requests can be forked from them; :meth:`Scheduler.free` returns the blocks.
+    """
+
+    sampled: list[Request] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+
+
 class Scheduler:
+    """Owns the ``waiting`` queue and the ``running`` list; changes blocks only through the
+    :class:`KVCacheManager`."""
+
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int):
         self.kv = kv
@@ -70,9 +92,8 @@ class Scheduler:
     def _preempt(self, victim: Request) -> None:
         self.kv.free(victim)
         victim.status = RequestStatus.PREEMPTED
-        victim.num_computed_tokens = 0
+        victim.reset_progress()
         victim.num_preemptions += 1
-        victim.score_logprobs = {}
         self.num_preemptions += 1
         self.waiting.appendleft(victim)
 
@@ -102,7 +123,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.num_computed_tokens += num_hit
-            if req.num_cached_tokens < 0:
+            if req.num_cached_tokens is None:
                 req.num_cached_tokens = num_hit
                 req.metrics.setdefault("first_scheduled_time", time.time())
             req.status = RequestStatus.RUNNING
@@ -111,42 +132,53 @@ class Scheduler:
             budget -= n
         return out
 
-    def update(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+    def update(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> SchedulerUpdate:
         """Advance every scheduled request by its tokens; append sampled tokens; finish requests.
 
-        Returns:
-            The requests that finished in this step (their blocks already freed).
+        Called once the step's execute returned, so the hashes registered while scheduling it
+        are committed to the prefix cache first.
         """
-        finished = []
+        self.kv.commit_cached_blocks()
+        out = SchedulerUpdate()
         for s in sched.scheduled:
             req = s.request
             req.num_computed_tokens += s.num_new_tokens
             rid = req.request_id
             if req.is_scoring and rid in result.score_logprobs:
-                req.score_logprobs.update(result.score_logprobs[rid])
+                req.scoring.logprobs.update(result.score_logprobs[rid])
             if rid in result.prompt_logprobs:
                 req.prompt_logprobs.update(result.prompt_logprobs[rid])
             if req.num_computed_tokens < req.num_tokens:
                 continue
             if req.is_scoring:
-                if req.request_id in result.final_logprobs:
-                    req.final_logprobs = result.final_logprobs[req.request_id]
+                if rid in result.final_logprobs:
+                    req.scoring.final_logprobs = result.final_logprobs[rid]
                 req.status = RequestStatus.FINISHED_STOPPED
             else:
                 if rid in result.logprobs:
                     req.logprobs.append(result.logprobs[rid])
                 self._append_token(req, result.sampled[rid])
-                if req.on_first_token is not None:
-                    hook, req.on_first_token = req.on_first_token, None
-                    hook(req)
+                out.sampled.append(req)
             if req.is_finished:
-                finished.append(req)
-        for req in finished:
+                out.finished.append(req)
+        for req in out.finished:
             self.running.remove(req)
-            if req.on_finish is not None:
-                req.on_finish(req)
+        return out
+
+    def free(self, reqs: list[Request]) -> None:
+        """Return the blocks of finished requests, in the order given."""
+        for req in reqs:
             self.kv.free(req)
-        return finished
+
+    def fail_step(self, sched: SchedulerOutput) -> list[Request]:
+        """The step's execute raised: forget the block hashes registered for it (their blocks
+        were never written), leaving the requests as scheduled for the caller to end.
+
+        Returns:
+            The step's requests, in scheduled order.
+        """
+        self.kv.uncache_uncommitted()
+        return [s.request for s in sched.scheduled]
 
     def _append_token(self, req: Request, token: int) -> None:
         req.append_output_token(token)
@@ -168,8 +200,7 @@ class Scheduler:
         for req in reversed(self.waiting):
             if req.block_table:
                 self.kv.free(req)
-                req.num_computed_tokens = 0
-                req.score_logprobs = {}
+                req.reset_progress()
 
     def finish_request(self, req: Request, status: RequestStatus) -> None:
         """End a running or waiting request from outside the step (a stop string, a deadline):
