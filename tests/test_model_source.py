@@ -128,6 +128,23 @@ def test_engine_takes_vllm_prompt_dicts(llm):
     assert scored[0].probs == llm.classify([[5, 6, 7]], ["yes", "no"])[0].probs
 
 
+def test_engine_front_takes_vllm_prompt_dicts(llm):
+    from weir.engine import EngineFront, SamplingParams
+
+    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    front = EngineFront(llm)
+    try:
+        by_dict = front.submit_generate({"prompt_token_ids": [5, 6, 7]}, greedy).result(timeout=60)
+        by_value = front.submit_generate([5, 6, 7], greedy).result(timeout=60)
+        scored = front.submit_classify({"prompt": "Hello"}, ["yes", "no"]).result(timeout=60)
+        assert scored.num_prompt_tokens == len(HELLO)
+        with pytest.raises(ValueError, match="takes the keys"):
+            front.submit_generate({"text": "Hello"}, greedy)
+    finally:
+        front.shutdown()
+    assert by_dict.outputs[0].token_ids == by_value.outputs[0].token_ids
+
+
 def test_client_counts_as_the_engine_encodes(llm, tiny_model_dir):
     from weir.jobs.model_info import PromptChecker
 
