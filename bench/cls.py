@@ -20,13 +20,12 @@ Metrics, one line each: jobs/s per system (median of ``--repeats``), top-1 accur
 ``category`` column, the majority baseline on those rows, weir's ratio to the best peer batch size,
 the largest absolute difference of any label log-probability between the two systems and how many
 answers differ, and the achieved GFLOP/s of model math against this machine's measured matmul peak
-(:mod:`bench.roofline`).
+(:mod:`bench.roofline`). The peer's model loads through :func:`bench.peers.load_hf_model`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -34,6 +33,8 @@ from collections import Counter
 
 import torch
 
+from bench.peers import load_hf_model, pad_token_id
+from bench.report import Report, matmul_peak_line
 from bench.roofline import FlopCounter, ModelShape, format_rate, matmul_peak
 from bench.workloads import w_cls_calibration_messages, w_cls_labels, w_cls_messages
 
@@ -150,7 +151,6 @@ def main(argv=None) -> int:
     systems = args.systems.split(",")
 
     from weir.engine import LLM
-    from weir.engine.loader import resolve_model
 
     llm = LLM(args.model, dtype="float32", max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024)
@@ -160,19 +160,13 @@ def main(argv=None) -> int:
     label_ids = llm.encode_labels(labels)
     calibration = llm.encode_prompt(w_cls_calibration_messages(labels)) if args.calibrate else None
     shape = ModelShape.from_config(llm.llm_engine.config)
-    base = {"workload": "W-cls", "n": args.n, "calibrated": args.calibrate}
-
-    def emit(line: str, **row):
-        print(line, flush=True)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps({**base, **row}) + "\n")
+    emit = Report(args.json, workload="W-cls", n=args.n, calibrated=args.calibrate).emit
 
     def accuracy(preds):
         return sum(p == t for p, t in zip(preds, truth)) / len(truth)
 
     peak = matmul_peak(shape, llm.llm_engine.dtype, str(llm.llm_engine.device))["peak"]
-    emit(f"{'matmul peak':<24} {peak:>8.1f} GFLOP/s", figure="matmul_peak_gflops", value=round(peak, 1))
+    emit(matmul_peak_line(peak), figure="matmul_peak_gflops", value=round(peak, 1))
     majority, count = Counter(truth).most_common(1)[0]
     emit(f"{'majority baseline':<24} {count / len(truth):>8.1%} ({majority})", figure="majority_baseline",
          value=round(count / len(truth), 4))
@@ -200,12 +194,8 @@ def main(argv=None) -> int:
         weir_rate = report("weir", secs, weir_preds, fc, computed_tokens=fc.num_tokens,
                            prefix_cache_hit_tokens=sum(o.num_cached_tokens for o in outs))
     if "hf-forward" in systems:
-        from transformers import AutoModelForCausalLM
-
-        src = resolve_model(args.model)
-        hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32, **src.hf_kwargs())
-        hf = hf.to(llm.llm_engine.device).eval()
-        pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
+        hf = load_hf_model(args.model, torch.float32, str(llm.llm_engine.device))
+        pad_id = pad_token_id(llm.tokenizer)
         peer_scores(hf, prompts[:2], label_ids, 8, pad_id)  # warm-up
         fc = peer_flops(shape, prompts + ([calibration] if calibration is not None else []), label_ids)
         best = None

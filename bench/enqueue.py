@@ -34,9 +34,10 @@ import time
 import uuid
 from typing import Any, Iterator, Optional
 
+from weir.worker.testing import delete_queue_keys, service_urls
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REDIS_URL = os.environ.get("WEIR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-POSTGRES_ADMIN_URL = os.environ.get("WEIR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL, POSTGRES_ADMIN_URL = service_urls()
 
 
 def generation_requests(num_jobs: int) -> Iterator[dict[str, Any]]:
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             status = client.batch_status(batch_id)
         finally:
             client.close()
-            broker.delete(queue, f"_kombu.binding.{queue}")
+            delete_queue_keys(broker, queue)
 
     t = handler.timings
     other_s = wall_s - t.validate_s - t.store_s - t.publish_s

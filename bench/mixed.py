@@ -12,8 +12,9 @@ with length uniform in [64, 512], output length uniform in [16, 256], ``ignore_e
 continuous batching gets each request's own ``max_new_tokens``.
 
 Roofline: the run measures the device's dense matmul rate and copy bandwidth, counts the
-workload's FLOPs and its least state traffic (:func:`roofline`), and prints each system's fraction
-of ``max(flops / matmul_rate, bytes / bandwidth)``.
+workload's FLOPs and its least state traffic (:func:`bench.roofline.generation_flops`,
+:func:`bench.roofline.generation_bytes`), and prints each system's fraction of
+``max(flops / matmul_rate, bytes / bandwidth)``. The peers are :mod:`bench.peers`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ import statistics
 import time
 
 import torch
+
+from bench.peers import hf_continuous_batching, hf_model_from_config, hf_static_generate, synchronize
+from bench.report import Report
+from bench.roofline import ModelShape, generation_bytes, generation_flops
 
 SHAPES = {
     "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -56,39 +61,6 @@ def w_mixed_requests(n: int, vocab_size: int, prompt_lens=(64, 512), output_lens
 
 
 # ---- roofline -------------------------------------------------------------------------------------
-
-
-def workload_cost(config, requests, dtype_bytes: int = 2) -> dict:
-    """FLOPs and least bytes moved for a workload on a Llama-shaped model.
-
-    FLOPs (multiply-add = 2): every computed token (prompt + output - 1 per request) passes the
-    non-embedding weights (2 FLOPs per weight); every output token needs one LM-head row
-    (2 * hidden * vocab); a token at position p attends to p + 1 keys (4 * heads * head_dim per key
-    and layer).
-    Bytes: the weights are read once per decode step, and there are at least as many steps as the
-    longest output; every token's key/value is written once; a decode token reads its whole
-    context's keys/values, a prompt's keys/values are read once more by its prefill.
-    """
-    h, L = config.hidden_size, config.num_hidden_layers
-    heads, kvh = config.num_attention_heads, config.num_key_value_heads
-    d = h // heads
-    inter, vocab = config.intermediate_size, config.vocab_size
-    per_layer = h * heads * d * 2 + h * kvh * d * 2 + 3 * h * inter
-    non_embedding = L * per_layer
-    weight_bytes = (non_embedding + h * vocab) * dtype_bytes
-    kv_token_bytes = 2 * L * kvh * d * dtype_bytes
-    flops = 0
-    kv_bytes = 0
-    for prompt, out_len in requests:
-        p = len(prompt)
-        t = p + out_len - 1  # tokens that pass through the model
-        flops += 2 * non_embedding * t + 2 * h * vocab * out_len
-        flops += 4 * heads * d * L * t * (t + 1) // 2
-        decode_ctx = sum(range(p + 1, t + 1))  # contexts read by the out_len - 1 decode tokens
-        kv_bytes += kv_token_bytes * (t + p + decode_ctx)
-    steps = max(o for _, o in requests)
-    return {"flops": flops, "bytes": weight_bytes * steps + kv_bytes, "weight_bytes": weight_bytes,
-            "kv_bytes_per_token": kv_token_bytes}
 
 
 def measure_peaks(device: torch.device, dtype: torch.dtype) -> dict:
@@ -133,7 +105,7 @@ def run_weir(config, requests, args, dtype: str) -> tuple[float, int, dict]:
     times = []
     for _ in range(args.repeats):
         llm.reset_prefix_cache()
-        _sync(args.device)
+        synchronize(args.device)
         t = time.perf_counter()
         outs = llm.generate(prompts, params)
         times.append(time.perf_counter() - t)
@@ -147,63 +119,6 @@ def run_weir(config, requests, args, dtype: str) -> tuple[float, int, dict]:
     return statistics.median(times), toks, {"num_gpu_blocks": stats.get("num_gpu_blocks"),
                                             "num_preemptions": stats.get("num_preemptions"),
                                             "repeats_s": [round(x, 3) for x in times]}
-
-
-def hf_model(config, device: str, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model.eval()
-
-
-def run_hf_static(hf, requests, batch_size: int, device: str) -> tuple[float, int]:
-    from transformers import GenerationConfig
-
-    _sync(device)
-    t = time.perf_counter()
-    toks = 0
-    for i in range(0, len(requests), batch_size):
-        batch = requests[i:i + batch_size]
-        width = max(len(p) for p, _ in batch)
-        steps = max(o for _, o in batch)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
-        # eos_token_id=None: the batch runs to its longest requested output (ignore_eos)
-        gc = GenerationConfig(max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
-        with torch.inference_mode():
-            out = hf.generate(ids, attention_mask=mask, generation_config=gc)
-        toks += sum(min(o, out.shape[1] - width) for _, o in batch)
-    _sync(device)
-    return time.perf_counter() - t, toks
-
-
-def run_hf_cb(hf, requests, device: str) -> tuple[float, int]:
-    from transformers import GenerationConfig
-
-    gc = GenerationConfig(max_new_tokens=max(o for _, o in requests), do_sample=False, eos_token_id=None,
-                          pad_token_id=0)
-    results = {}
-    with torch.inference_mode(), hf.continuous_batching_context_manager(generation_config=gc, block=True,
-                                                                          timeout=30) as manager:
-        _sync(device)
-        t = time.perf_counter()
-        for i, (p, o) in enumerate(requests):
-            manager.add_request(p, request_id=f"r{i}", max_new_tokens=o)
-        while len(results) < len(requests):
-            r = manager.get_result(timeout=1)
-            if r is not None and r.is_finished():
-                results[r.request_id] = r
-            elif r is None and not manager.is_running():
-                raise RuntimeError(f"continuous batching stopped after {len(results)} of {len(requests)} requests")
-        _sync(device)
-        secs = time.perf_counter() - t
-    return secs, sum(len(r.generated_tokens) for r in results.values())
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _free(device: str) -> None:
@@ -249,49 +164,50 @@ def main(argv=None) -> int:
     print(f"device {device} {dtype_name}: matmul {peaks['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, "
           f"copy {peaks['copy_bytes_per_s'] / 1e12:.2f} TB/s", flush=True)
 
-    def report(row):
-        print(json.dumps(row), flush=True)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
+    report = Report(args.json)
 
     for shape in args.shapes.split(","):
         config = llama_config(shape, max_positions=prompt_lens[1] + output_lens[1])
         requests = w_mixed_requests(args.n, config.vocab_size, prompt_lens, output_lens)
         requested = sum(o for _, o in requests)
-        cost = workload_cost(config, requests, dtype_bytes=torch.empty(0, dtype=dtype).element_size())
-        roof_s = max(cost["flops"] / peaks["matmul_flops_per_s"], cost["bytes"] / peaks["copy_bytes_per_s"])
+        model_shape = ModelShape.from_config(config)
+        dtype_bytes = torch.empty(0, dtype=dtype).element_size()
+        flops = generation_flops(model_shape, [(len(p), 0, o) for p, o in requests]).flops
+        state_bytes = generation_bytes(model_shape, [(len(p), o) for p, o in requests], dtype_bytes)
+        roof_s = max(flops / peaks["matmul_flops_per_s"], state_bytes / peaks["copy_bytes_per_s"])
         base = {"workload": "W-mixed", "shape": shape, "n": args.n, "device": str(device), "dtype": dtype_name,
-                "output_tokens": requested, "roofline_s": round(roof_s, 4), "flops": cost["flops"],
-                "state_bytes": cost["bytes"], **{k: round(v) for k, v in peaks.items()}}
+                "output_tokens": requested, "roofline_s": round(roof_s, 4), "flops": flops,
+                "state_bytes": state_bytes, **{k: round(v) for k, v in peaks.items()}}
         rows = []
 
         def add(system, secs, toks, **extra):
             row = {**base, "system": system, "seconds": round(secs, 3), "tok_per_s": round(requested / secs, 1),
                    "generated_tokens": toks, "roofline_fraction": round(roof_s / secs, 4), **extra}
             rows.append(row)
-            report(row)
+            report.emit(json.dumps(row), **row)
 
         if "weir" in systems:
             secs, toks, extra = run_weir(config, requests, args, dtype_name)
             add("weir", secs, toks, enforce_eager=args.enforce_eager, **extra)
         if "hf-static" in systems or "hf-cb" in systems:
-            hf = hf_model(config, args.device, dtype)
+            hf = hf_model_from_config(config, dtype, args.device)
             if "hf-static" in systems:
-                run_hf_static(hf, requests[:2], 2, args.device)  # warm-up
+                hf_static_generate(hf, requests[:2], 2, eos=())  # warm-up
                 for bs in [int(b) for b in args.batch_sizes.split(",")]:
                     try:
-                        secs, toks = run_hf_static(hf, requests, bs, args.device)
-                        add(f"hf-static-bs{bs}", secs, toks)
+                        secs, outs = hf_static_generate(hf, requests, bs, eos=())
+                        add(f"hf-static-bs{bs}", secs, sum(min(o, len(out)) for (_, o), out in zip(requests, outs)))
                     except torch.OutOfMemoryError as e:  # the peer's own failure is reported
-                        report({**base, "system": f"hf-static-bs{bs}", "error": f"OutOfMemoryError: {e}"[:300]})
+                        error = {**base, "system": f"hf-static-bs{bs}", "error": f"OutOfMemoryError: {e}"[:300]}
+                        report.emit(json.dumps(error), **error)
                         _free(args.device)
             if "hf-cb" in systems:
                 try:
-                    secs, toks = run_hf_cb(hf, requests, args.device)
-                    add("hf-continuous-batching", secs, toks)
+                    secs, outs = hf_continuous_batching(hf, requests, eos=())
+                    add("hf-continuous-batching", secs, sum(map(len, outs)))
                 except Exception as e:  # the peer's own failure is reported, not hidden
-                    report({**base, "system": "hf-continuous-batching", "error": f"{type(e).__name__}: {e}"[:300]})
+                    error = {**base, "system": "hf-continuous-batching", "error": f"{type(e).__name__}: {e}"[:300]}
+                    report.emit(json.dumps(error), **error)
             del hf
             _free(args.device)
         weir = next((r for r in rows if r["system"] == "weir"), None)
@@ -303,7 +219,8 @@ def main(argv=None) -> int:
         if weir:
             ratios = {f"weir_over_{r['system']}": round(weir["tok_per_s"] / r["tok_per_s"], 3)
                       for r in rows if r is not weir}
-            report({**base, "system": "ratios", **ratios})
+            row = {**base, "system": "ratios", **ratios}
+            report.emit(json.dumps(row), **row)
     return 0
 
 

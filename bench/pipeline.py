@@ -54,11 +54,8 @@ Modes:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,61 +64,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Optional, TypeVar
 
+from weir.worker.testing import WorkerProcess, delete_queue_keys, service_urls, worker_env
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REDIS_URL = os.environ.get("WEIR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-POSTGRES_ADMIN_URL = os.environ.get("WEIR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL, POSTGRES_ADMIN_URL = service_urls()
 POLL_INTERVAL_S = 0.2
-READY_TIMEOUT_S = 180.0
-STOP_GRACE_S = 20.0
 STAT_COLUMNS = ("xact_commit", "active_time", "tup_returned")
 T = TypeVar("T")
-
-
-class WorkerProcess:
-    """One worker subprocess (weir's or the baseline's) logging to a file."""
-
-    def __init__(self, argv: list[str], env: dict, log_path: str) -> None:
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as log:
-            return log.read()
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, *, ping: Optional[tuple[str, str]] = None) -> None:
-        """Block until the worker logs `` ready.``, or answers a Celery ping (``ping``: broker
-        URL and node name; a worker logging at WARNING writes no ready line).
-
-        Raises:
-            RuntimeError: it exited first, or is not ready after ``timeout_s``.
-        """
-        from weir.health import check_worker
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if " ready." in self.log():
-                return
-            if ping is not None and check_worker(ping[0], hostname=ping[1], timeout_s=1.0).healthy:
-                return
-            self.check_alive()
-            time.sleep(POLL_INTERVAL_S)
-        raise RuntimeError(f"worker not ready after {timeout_s:g}s:\n{self.log()[-3000:]}")
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Warm shutdown (SIGTERM: reserved messages go back to the queue), SIGKILL after ``grace_s``."""
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @dataclass
@@ -182,23 +131,15 @@ class Bench:
         self.queues.append(queue)
         return queue
 
-    def _env(self, queue: str) -> dict:
-        env = dict(os.environ)
-        env.update(
-            PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-            WEIR_BROKER_URL=self.args.redis_url, WEIR_QUEUE=queue, WEIR_DATABASE_URL=self.database_url,
-            OMP_NUM_THREADS="1",
-        )
-        return env
-
     def start(self, system: str, queue: str, num_workers: int) -> list[WorkerProcess]:
         """Start ``num_workers`` workers of ``system`` ("weir" or "baseline") on ``queue``; wait until ready."""
-        concurrency = str(self.args.concurrency)
-        env = self._env(queue)
+        concurrency = self.args.concurrency
+        common = dict(broker_url=self.args.redis_url, queue=queue, database_url=self.database_url,
+                      concurrency=concurrency, python_path=[REPO_ROOT])
         if system == "weir":
-            env.update(WEIR_MODEL=self.model_dir, WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS=concurrency,
-                       WEIR_CONCURRENCY=concurrency, WEIR_CPU_KV_CACHE_BYTES=str(8 << 20),
-                       WEIR_SHUTDOWN_TIMEOUT_S="5")
+            env = worker_env(model=self.model_dir, WEIR_SHUTDOWN_TIMEOUT_S=5, **common)
+        else:
+            env = worker_env(**common)
         started = []
         for _ in range(num_workers):
             n = len(self.workers)
@@ -206,37 +147,20 @@ class Bench:
                 argv = [sys.executable, "-m", "weir", "worker", "--loglevel", "WARNING"]  # as the baseline
             else:
                 argv = [sys.executable, "-m", "celery", "-A", "bench.pipeline_baseline", "worker", "-P", "threads",
-                        "-c", concurrency, "-Q", queue, "-n", f"pipeline-baseline-{n}@%h", "--loglevel", "WARNING",
-                        "--without-mingle", "--without-gossip"]  # as `weir worker` starts Celery
-            worker = WorkerProcess(argv, env, os.path.join(self.workdir, f"{system}-{n}.log"))
+                        "-c", str(concurrency), "-Q", queue, "-n", f"pipeline-baseline-{n}@%h", "--loglevel",
+                        "WARNING", "--without-mingle", "--without-gossip"]  # as `weir worker` starts Celery
+            worker = WorkerProcess(env, os.path.join(self.workdir, f"{system}-{n}.log"), argv, cwd=REPO_ROOT)
             self.workers.append(worker)
             started.append(worker)
         for worker in started:
-            ping = (self.args.redis_url, f"weir-{worker.proc.pid}@{os.uname().nodename}") if system == "weir" else None
-            worker.wait_ready(ping=ping)
+            worker.wait_ready(ping=system == "weir")  # weir logs no ready line at WARNING
         return started
-
-    def delete_queue_keys(self, queue: str) -> None:
-        """Delete the queue's keys, and its messages left in kombu's shared ``unacked`` hash by a
-        killed worker (another consumer of this Redis would otherwise restore them one visibility
-        timeout later)."""
-        keys = [queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}",
-                *self.redis.scan_iter(match=f"{queue}*")]
-        self.redis.delete(*keys)
-        for tag, value in self.redis.hscan_iter("unacked"):
-            try:
-                _, exchange, routing_key = json.loads(value)
-            except (TypeError, ValueError):
-                continue
-            if queue in (exchange, routing_key):
-                self.redis.hdel("unacked", tag)
-                self.redis.zrem("unacked_index", tag)
 
     def close(self) -> None:
         for worker in self.workers:
             worker.stop(grace_s=5)
         for queue in self.queues:
-            self.delete_queue_keys(queue)
+            delete_queue_keys(self.redis, queue)
         self.admin.dispose()
 
     # -- database --------------------------------------------------------------------------------
@@ -359,7 +283,7 @@ class Bench:
 
         stamps, num_failed = self.query(read)
         first_to_end, enqueue_to_end = rates(stamps[:target], None if drain else enqueued_at)
-        self.delete_queue_keys(queue)
+        delete_queue_keys(self.redis, queue)
         return Run("weir", num_workers, num_jobs, min(target, len(stamps)), enqueue_s, first_to_end, enqueue_to_end,
                    num_failed, self.per_job(before, after, len(stamps)), note)
 
@@ -419,7 +343,7 @@ class Bench:
         stamps = self.query(lambda connection: list(
             connection.scalars(select(results.c.finished_at).order_by(results.c.finished_at))))
         first_to_end, enqueue_to_end = rates(stamps, enqueued_at)
-        self.delete_queue_keys(queue)
+        delete_queue_keys(self.redis, queue)
         return Run("baseline", 1, num_tasks, len(stamps), enqueue_s, first_to_end, enqueue_to_end, 0,
                    self.per_job(before, after, len(stamps)), note)
 

@@ -1,7 +1,10 @@
-"""Compute roofline for the benchmarks: the machine's measured matmul rate and a workload's model FLOPs.
+"""Roofline for the benchmarks: the machine's measured matmul rate, and the one model of a
+workload's FLOPs and least memory traffic that every benchmark uses.
 
 Each benchmark measures :func:`matmul_peak` in its own run, counts the model math its systems did
-with a :class:`FlopCounter`, and prints the achieved GFLOP/s and its fraction of the measured peak.
+with a :class:`FlopCounter` (:func:`generation_flops` for generation), and prints the achieved
+GFLOP/s and its fraction of the measured peak; ``bench.mixed`` also bounds the run by
+:func:`generation_bytes` over the measured copy bandwidth.
 
 FLOP counting (multiply-add = 2 FLOPs), for a decoder of the Llama family:
 
@@ -11,6 +14,11 @@ FLOP counting (multiply-add = 2 FLOPs), for a decoder of the Llama family:
   ``4 * num_heads * head_dim * (p + 1)`` per layer (``Q K^T`` and ``P V``).
 
 Embedding lookups, softmax, RoPE and activations are not counted (no matmul work).
+
+Least bytes moved by generation (:func:`generation_bytes`): the weights are read once per decode
+step, and there are at least as many steps as the longest output; every token's key and value are
+written once; a decode token reads its whole context's keys and values, and a prompt's keys and
+values are read once more by its prefill.
 """
 
 from __future__ import annotations
@@ -50,6 +58,14 @@ class ModelShape:
         attn = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
         mlp = 3 * h * self.intermediate_size
         return self.num_layers * (attn + mlp + 2 * h) + h
+
+    def weight_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of the weights one forward pass reads: the non-embedding weights and the lm_head."""
+        return (self.non_embedding_params + self.hidden_size * self.vocab_size) * dtype_bytes
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Bytes of one token's keys and values over all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
     @property
     def flops_per_token(self) -> int:
@@ -163,3 +179,16 @@ def generation_flops(shape: ModelShape, requests) -> FlopCounter:
         fc.add_span(num_prompt, num_out - 1)
         fc.add_logits(num_out)
     return fc
+
+
+def generation_bytes(shape: ModelShape, requests, dtype_bytes: int) -> int:
+    """Least bytes a generation workload moves (module docstring), each request
+    ``(num_prompt_tokens, num_output_tokens)``."""
+    kv_bytes = 0
+    for num_prompt, num_out in requests:
+        num_computed = num_prompt + num_out - 1  # tokens that pass through the model
+        # contexts read by the num_out - 1 decode tokens, at positions num_prompt .. num_computed - 1
+        decode_context = sum(range(num_prompt + 1, num_computed + 1))
+        kv_bytes += shape.kv_bytes_per_token(dtype_bytes) * (num_computed + num_prompt + decode_context)
+    num_steps = max(num_out for _, num_out in requests)
+    return shape.weight_bytes(dtype_bytes) * num_steps + kv_bytes

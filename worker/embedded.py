@@ -11,11 +11,11 @@ import logging
 import socket
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 from celery import Celery
 
-from weir.jobs import names
+from weir.config import Settings, get_settings
 from weir.worker import runtime
 
 logger = logging.getLogger(__name__)
@@ -25,16 +25,17 @@ STOP_TIMEOUT_S = 120.0
 
 
 @contextmanager
-def embedded_worker(app: Celery, *, queue: str, concurrency: int) -> Iterator[runtime.WorkerRuntime]:
-    """Run a worker for ``app`` consuming ``queue`` in this process until the block exits.
+def embedded_worker(app: Celery, settings: Optional[Settings] = None) -> Iterator[runtime.WorkerRuntime]:
+    """Run a worker for ``app`` consuming the model's queue in this process until the block exits.
 
     The engine is started first, in the calling thread (so a model that fails to load raises
     here); on exit the worker shuts down warm (running tasks finish) and the engine is drained.
+    The worker is the one ``weir worker`` runs (:func:`weir.worker.app.make_worker`), without
+    its signal handlers.
 
     Args:
         app: the Celery app whose tasks to run (``weir.worker.app.app``).
-        queue: the queue to consume.
-        concurrency: task threads.
+        settings: where the queue and concurrency come from; default :func:`weir.config.get_settings`.
 
     Yields:
         The process's :class:`weir.worker.runtime.WorkerRuntime` (its ``llm`` is loaded).
@@ -42,24 +43,21 @@ def embedded_worker(app: Celery, *, queue: str, concurrency: int) -> Iterator[ru
     Raises:
         TimeoutError: the worker did not become ready within ``READY_TIMEOUT_S``.
     """
-    from celery.worker import WorkController
     from celery.worker import state as worker_state
 
     import weir.worker.tasks  # noqa: F401  (registers the tasks on ``app``)
+    from weir.worker.app import make_worker
 
-    worker_runtime = runtime.start_runtime()
+    settings = settings or get_settings()
+    worker_runtime = runtime.start_runtime(settings)
     ready = threading.Event()
-    controller = WorkController(
-        app=app,
+    controller = make_worker(
+        app,
+        settings,
         hostname=f"embedded@{socket.gethostname()}",
-        pool="threads",
-        concurrency=concurrency,
-        queues=[queue, names.control_queue(queue)],
-        ready_callback=lambda consumer: ready.set(),
-        without_heartbeat=True,
-        without_mingle=True,
-        without_gossip=True,
         loglevel=logging.WARNING,
+        embedded=True,
+        ready_callback=lambda consumer: ready.set(),
     )
     thread = threading.Thread(target=controller.start, name="weir-embedded-worker", daemon=True)
     thread.start()

@@ -43,3 +43,16 @@ def test_generation_flops_count_prompt_decode_and_logits():
     assert fc.num_logit_rows == 3
     keys = (5 + 6 + 7 + 8 + 9 + 10) + (11 + 12)
     assert fc.flops == 8 * s.flops_per_token + 3 * 2 * 576 * 49152 + 4 * 30 * 9 * 64 * keys
+
+
+def test_generation_bytes_count_weights_per_step_and_kv_traffic():
+    from bench.roofline import generation_bytes
+
+    s = SMOLLM2_135M
+    weights = (s.non_embedding_params + 576 * 49152) * 2
+    kv_token = 2 * 30 * 3 * 64 * 2
+    assert (s.weight_bytes(2), s.kv_bytes_per_token(2)) == (weights, kv_token)
+    # prompt 4, 3 outputs: 6 tokens computed (KV written), the prompt's KV read by its prefill,
+    # decode tokens at positions 4 and 5 read 5 and 6 keys; prompt 2, 1 output: 2 + 2, no decode.
+    # The longest output, 3, is the fewest decode steps, each reading the weights.
+    assert generation_bytes(s, [(4, 3), (2, 1)], 2) == 3 * weights + kv_token * ((6 + 4 + 5 + 6) + (2 + 2))

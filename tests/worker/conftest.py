@@ -1,11 +1,10 @@
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 
 import pytest
+
+from weir.worker import testing
+from weir.worker.testing import WorkerProcess, delete_queue_keys
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,77 +27,14 @@ def queue(redis_url):
 
     name = f"weir.test-{uuid.uuid4().hex[:12]}"
     yield name
-    client = redis.Redis.from_url(redis_url)
-    keys = [name, f"_kombu.binding.{name}", f"_kombu.binding_permanent.{name}"]
-    client.delete(*(keys + list(client.scan_iter(f"{name}*"))))
-
-
-class WorkerProcess:
-    """A ``python -m weir worker`` subprocess with its log in a file."""
-
-    def __init__(self, env: dict, log_path: str):
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "weir", "worker", "--loglevel", "INFO"],
-            cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-
-    def log(self) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def wait_ready(self, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if " ready." in self.log():  # it may have died since, of the first job it took
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"worker not ready after {timeout_s}s:\n{self.log()[-4000:]}")
-
-    def is_alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def terminate(self, timeout_s: float = 120) -> int:
-        """Warm shutdown (SIGTERM): running tasks finish, the engine drains."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
-
-    def sigkill(self) -> None:
-        """Kill the process at once (no shutdown, unacked messages stay with Redis)."""
-        self.proc.kill()
-        self.proc.wait()
-
-    @property
-    def hostname(self) -> str:
-        """The Celery hostname the worker stores on the jobs it claims."""
-        return f"weir-{self.proc.pid}@{os.uname().nodename}"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+    delete_queue_keys(redis.Redis.from_url(redis_url), name)
 
 
 @pytest.fixture
 def worker_env(postgres_url, tiny_model_dir, redis_url, queue):
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-        WEIR_BROKER_URL=redis_url,
-        WEIR_QUEUE=queue,
-        WEIR_DATABASE_URL=postgres_url,
-        WEIR_MODEL=tiny_model_dir,
-        WEIR_DEVICE="cpu",
-        WEIR_MAX_NUM_SEQS="4",
-        WEIR_CONCURRENCY="4",
-        WEIR_CPU_KV_CACHE_BYTES=str(8 << 20),
-        OMP_NUM_THREADS="1",
-    )
-    return env
+    """The environment of a ``weir worker`` on the tiny chat model, 4 threads, this test's queue."""
+    return testing.worker_env(broker_url=redis_url, queue=queue, database_url=postgres_url, model=tiny_model_dir,
+                              concurrency=4, python_path=[REPO_ROOT])
 
 
 @pytest.fixture
@@ -124,7 +60,7 @@ def start_worker(worker_env, tmp_path):
 
     def start(**overrides) -> WorkerProcess:
         env = dict(worker_env, **overrides)
-        worker = WorkerProcess(env, str(tmp_path / f"worker-{len(started)}.log"))
+        worker = WorkerProcess(env, str(tmp_path / f"worker-{len(started)}.log"), cwd=REPO_ROOT)
         started.append(worker)
         worker.wait_ready()
         return worker

