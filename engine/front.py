@@ -13,6 +13,7 @@ from weir.engine.llm import LLM, PromptType
 from weir.engine.llm_engine import EngineStepError
 from weir.engine.outputs import calibrate
 from weir.engine.sampling_params import SamplingParams
+from weir.model_source import prompt_text
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class EngineFront:
         """
         with self._tok_lock:  # tokenizers are not guaranteed thread-safe
             ids = self.llm.encode_prompt(prompt)
-        text = prompt if isinstance(prompt, str) else None
+        text = prompt_text(prompt)
         return self._submit(lambda rid: self._engine.add_request(ids, params, rid, text), "gen")
 
     def submit_classify(self, prompt: PromptType, labels: list[str], label_texts: list[str] | None = None,

@@ -9,7 +9,7 @@ from weir.engine.engine_args import EngineArgs
 from weir.engine.llm_engine import LLMEngine
 from weir.engine.outputs import ClassificationOutput, RequestOutput, calibrate
 from weir.engine.sampling_params import SamplingParams
-from weir.model_source import PromptType, encode_prompt, is_single_prompt
+from weir.model_source import PromptType, encode_prompt, is_single_prompt, prompt_text
 
 
 class LLM:
@@ -119,7 +119,7 @@ class LLM:
         encoded = [self.encode_prompt(p) for p in prompts]
         for e, sp in zip(encoded, params):
             self.llm_engine.check_request(e, sp)
-        ids = [self.llm_engine.add_request(e, sp, prompt=p if isinstance(p, str) else None)
+        ids = [self.llm_engine.add_request(e, sp, prompt=prompt_text(p))
                for e, sp, p in zip(encoded, params, prompts)]
         return self._run(ids)
 

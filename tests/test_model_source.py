@@ -124,6 +124,8 @@ def test_engine_takes_vllm_prompt_dicts(llm):
     assert [o.outputs[0].token_ids for o in by_dict] == [o.outputs[0].token_ids for o in by_value]
     one = llm.generate({"prompt": "Hello"}, greedy)
     assert [o.outputs[0].token_ids for o in one] == [by_value[1].outputs[0].token_ids]
+    # RequestOutput.prompt is the text, as vLLM fills it, for a string or a {"prompt": ...} dict
+    assert [o.prompt for o in by_dict] == [None, "Hello"] and one[0].prompt == "Hello"
     scored = llm.classify({"prompt_token_ids": [5, 6, 7]}, ["yes", "no"])
     assert scored[0].probs == llm.classify([[5, 6, 7]], ["yes", "no"])[0].probs
 
@@ -136,6 +138,8 @@ def test_engine_front_takes_vllm_prompt_dicts(llm):
     try:
         by_dict = front.submit_generate({"prompt_token_ids": [5, 6, 7]}, greedy).result(timeout=60)
         by_value = front.submit_generate([5, 6, 7], greedy).result(timeout=60)
+        by_text = front.submit_generate({"prompt": "Hello"}, greedy).result(timeout=60)
+        assert (by_dict.prompt, by_text.prompt) == (None, "Hello")
         scored = front.submit_classify({"prompt": "Hello"}, ["yes", "no"]).result(timeout=60)
         assert scored.num_prompt_tokens == len(HELLO)
         with pytest.raises(ValueError, match="takes the keys"):

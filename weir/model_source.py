@@ -196,6 +196,14 @@ def parse_prompt(prompt: PromptType) -> Union[str, list[int], list[dict]]:
     )
 
 
+def prompt_text(prompt: PromptType) -> Optional[str]:
+    """The text a prompt was given as (``RequestOutput.prompt``): a string, or the ``prompt`` of a
+    vLLM prompt dict (when it has no ``prompt_token_ids``); None for token ids and chat messages."""
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+        prompt = prompt.get("prompt")
+    return prompt if isinstance(prompt, str) else None
+
+
 def encode_prompt(tokenizer, prompt: PromptType) -> list[int]:
     """Token ids of a prompt, as the engine runs it.
 
