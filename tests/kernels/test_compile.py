@@ -21,7 +21,7 @@ import_kernel("common")
 
 # index pointers of each kernel; every other ``*_ptr`` is a float tensor of the model dtype
 INDEX_POINTERS = {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
-                  "slot_mapping_ptr": "*i64"}
+                  "slot_mapping_ptr": "*i32"}  # the Triton backend passes int32 step inputs
 FLOAT_SCALARS = ("scale_log2", "eps")
 
 # (module, kernel, constexprs as the wrapper picks them for head_dim 128, 4 query heads per KV
