@@ -10,6 +10,7 @@ DTYPE_ALIASES = {
     "half": "float16",
     "float16": "float16",
     "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
     "float": "float32",
     "float32": "float32",
 }

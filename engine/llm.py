@@ -72,8 +72,11 @@ class LLM:
             raise ValueError("this engine has no tokenizer (dummy config): pass token ids")
         return self.llm_engine.tokenizer
 
-    def _run(self, ids: list[str]) -> list:
+    def _run(self, ids: list[str], use_tqdm: bool = False) -> list:
         """Step until every request in ``ids`` finished; their outputs in that order.
+
+        Args:
+            use_tqdm: show a progress bar of finished requests (vLLM's ``use_tqdm``).
 
         Raises:
             EngineStepError: a step failed; the batch's other requests are aborted too, so the
@@ -81,26 +84,55 @@ class LLM:
         """
         pending = set(ids)
         results = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="Processed prompts", unit="prompt")
         try:
             while pending:
                 for out in self.llm_engine.step():
                     if out.request_id in pending:
                         results[out.request_id] = out
                         pending.discard(out.request_id)
+                        if bar is not None:
+                            bar.update(1)
         except BaseException:
             for rid in pending:
                 self.llm_engine.abort(rid)
             raise
+        finally:
+            if bar is not None:
+                bar.close()
         return [results[i] for i in ids]
+
+    @staticmethod
+    def _params_per_prompt(sampling_params, num_prompts: int) -> list[SamplingParams]:
+        """One :class:`SamplingParams` per prompt (default ``SamplingParams()``).
+
+        Raises:
+            TypeError: an entry is not a ``SamplingParams``.
+            ValueError: a list whose length is not the number of prompts.
+        """
+        params = SamplingParams() if sampling_params is None else sampling_params
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * num_prompts
+        for sp in params:
+            if not isinstance(sp, SamplingParams):
+                raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(sp).__name__}")
+        if len(params) != num_prompts:
+            raise ValueError(f"got {len(params)} sampling_params for {num_prompts} prompts")
+        return params
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 ) -> list[RequestOutput]:
+                 use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate a continuation for each prompt, all batched together.
 
         Args:
-            prompts: one prompt or a list (strings, token-id lists, or chat message lists).
+            prompts: one prompt or a list (strings, token-id lists, chat message lists, vLLM
+                prompt dicts).
             sampling_params: one for all prompts or one per prompt; default ``SamplingParams()``.
+            use_tqdm: show a progress bar of finished prompts.
 
         Returns:
             One :class:`RequestOutput` per prompt, in input order.
@@ -108,28 +140,26 @@ class LLM:
         Raises:
             ValueError: a prompt is empty or too long, or a sampling parameter is out of range
                 for this engine (checked for every prompt before any is queued).
+            TypeError: ``prompts`` or ``sampling_params`` of another type.
             EngineStepError: a step failed (nothing of this call is left queued).
         """
         if is_single_prompt(prompts):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
-        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        params = self._params_per_prompt(sampling_params, len(prompts))
         encoded = [self.encode_prompt(p) for p in prompts]
         for e, sp in zip(encoded, params):
             self.llm_engine.check_request(e, sp)
         ids = [self.llm_engine.add_request(e, sp, prompt=prompt_text(p))
                for e, sp, p in zip(encoded, params, prompts)]
-        return self._run(ids)
+        return self._run(ids, use_tqdm)
 
     def chat(self, messages: Union[list[dict], list[list[dict]]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-             ) -> list[RequestOutput]:
+             use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate replies to conversations rendered with the tokenizer's chat template."""
         if messages and isinstance(messages[0], dict):
             messages = [messages]
-        return self.generate(list(messages), sampling_params)
+        return self.generate(list(messages), sampling_params, use_tqdm)
 
     def encode_labels(self, labels: list[str], label_texts: Optional[list[str]] = None) -> list[list[int]]:
         """Token ids scored for each label: ``label_texts[i]`` exactly as given when set (no EOS
@@ -150,7 +180,7 @@ class LLM:
     def classify(self, prompts: Union[PromptType, Sequence[PromptType]], labels: list[str],
                  label_texts: Optional[list[str]] = None,
                  calibration_prompt: Optional[PromptType] = None,
-                 length_normalize: bool = False) -> list[ClassificationOutput]:
+                 length_normalize: bool = False, use_tqdm: bool = False) -> list[ClassificationOutput]:
         """Score every label as a continuation of each prompt (choice scoring).
 
         Args:
@@ -160,6 +190,7 @@ class LLM:
             calibration_prompt: a content-free prompt in the same format (``"N/A"`` in place of
                 the input); when given, scores are calibrated against it (:func:`weir.engine.outputs.calibrate`).
             length_normalize: score each label by its mean token log-probability instead of the sum.
+            use_tqdm: show a progress bar of finished prompts.
 
         Returns:
             One :class:`ClassificationOutput` per prompt: the best label and every label's
@@ -185,7 +216,7 @@ class LLM:
                                                                   length_normalize=length_normalize)])[0]
         ids = [self.llm_engine.add_classification(e, labels, label_ids, length_normalize=length_normalize)
                for e in encoded]
-        outs = self._run(ids)
+        outs = self._run(ids, use_tqdm)
         return [calibrate(o, prior) for o in outs] if prior is not None else outs
 
     def reset_prefix_cache(self) -> bool:

@@ -64,6 +64,9 @@ class LLMEngine:
         self.device = torch.device(
             args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         )
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device (torch.cuda.is_available() is "
+                             f"False; torch {torch.__version__}); use device='cpu' or 'auto'")
         if args.dtype == "auto":
             self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         else:
@@ -166,6 +169,10 @@ class LLMEngine:
                 raise ValueError(f"{name}={asked} is more than max_logprobs={self.args.max_logprobs}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init is set)")
+        vocab = self.config.vocab_size
+        outside = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if outside:
+            raise ValueError(f"stop_token_ids outside the vocabulary [0, {vocab}): {outside[:5]}")
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self._check_id_free(request_id)

@@ -78,9 +78,14 @@ def test_parse_prompt(prompt, parsed):
         ({"prompt": "Hi", "multi_modal_data": {}}, r"got \['multi_modal_data', 'prompt'\]"),
         ({"prompt": {"prompt": "Hi"}}, "holds text or token ids"),
         ({"prompt": [{"role": "user", "content": "Hi"}]}, "holds text or token ids"),
-        ([1, "a"], "got list"),
-        ([True, 2], "got list"),
+        ([1, "a"], r"element 1 is 'a' \(str\)"),
+        ([True, 2], r"element 0 is True \(bool\)"),
+        ([1, 2.5], r"element 1 is 2.5 \(float\)"),
         (7, "got int"),
+        ([{"role": "user", "content": "Hi"}, 5], "chat message 1 is a int"),
+        ([{"rle": "user", "content": "Hi"}], "chat message 0 needs a 'role' string"),
+        ([{"role": 5, "content": "Hi"}], "chat message 0 needs a 'role' string"),
+        ([{"role": "user"}], "chat message 0 needs a 'content' string, got None"),
     ],
 )
 def test_parse_prompt_refuses(prompt, message):
@@ -104,6 +109,18 @@ def test_parse_prompt_refuses(prompt, message):
 )
 def test_is_single_prompt(prompts, single):
     assert is_single_prompt(prompts) is single
+
+
+@pytest.mark.parametrize("prompts, kind", [(None, "NoneType"), (5, "int"), ((p for p in ["a"]), "generator")])
+def test_prompts_of_another_type_are_refused(prompts, kind):
+    with pytest.raises(TypeError, match=f"prompts must be a prompt .* or a list of prompts, got {kind}"):
+        is_single_prompt(prompts)
+
+
+def test_integer_likes_are_token_ids():
+    import numpy as np
+
+    assert parse_prompt([np.int64(3), 4]) == [3, 4] and type(parse_prompt([np.int64(3)])[0]) is int
 
 
 @pytest.fixture(scope="module")

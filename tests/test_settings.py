@@ -87,6 +87,7 @@ def test_every_setting_is_documented():
         ("half", "float16"),
         ("float16", "float16"),
         ("bfloat16", "bfloat16"),
+        ("bf16", "bfloat16"),
         ("BFloat16", "bfloat16"),
         ("float", "float32"),
         ("float32", "float32"),
@@ -101,11 +102,11 @@ def test_vllm_dtype_names(given, canonical):
     assert EngineSettings(dtype=str(given).removeprefix("torch.")).dtype == canonical
 
 
-@pytest.mark.parametrize("given", ["bf16", "fp16", "int8", "", torch.int8])
+@pytest.mark.parametrize("given", ["fp16", "int8", "", torch.int8])
 def test_unknown_dtype_names_the_accepted_ones(given):
-    with pytest.raises(ValueError, match="is not one of auto, half, float16, bfloat16, float, float32"):
+    with pytest.raises(ValueError, match="is not one of auto, half, float16, bfloat16, bf16, float, float32"):
         EngineArgs(dtype=given)
 
 
 def test_dtype_aliases_are_vllms():
-    assert list(DTYPE_ALIASES) == ["auto", "half", "float16", "bfloat16", "float", "float32"]
+    assert list(DTYPE_ALIASES) == ["auto", "half", "float16", "bfloat16", "bf16", "float", "float32"]

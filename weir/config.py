@@ -50,7 +50,7 @@ class EngineSettings(_WeirSettings):
     model: str = Field("", description="GGUF file, local Hugging Face folder; empty = packaged SmolLM2")
     tokenizer: Optional[str] = None
     load_format: Literal["auto", "dummy"] = "auto"
-    dtype: str = Field("auto", description="auto, half/float16, bfloat16, float/float32 (vLLM's names)")
+    dtype: str = Field("auto", description="auto, half/float16, bfloat16/bf16, float/float32 (vLLM's names)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_model_len: Optional[int] = Field(None, gt=0)
     max_num_seqs: int = Field(64, gt=0)

@@ -12,6 +12,7 @@ Importing it is light: transformers is imported only when a tokenizer is loaded,
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import struct
 from dataclasses import dataclass
@@ -186,20 +187,42 @@ def parse_prompt(prompt: PromptType) -> Union[str, list[int], list[dict]]:
     if isinstance(prompt, (list, tuple)):
         if not prompt:
             raise ValueError("prompt is empty")
-        if all(isinstance(m, dict) for m in prompt):
-            return list(prompt)
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return list(prompt)
+        if isinstance(prompt[0], dict):
+            return check_chat_messages(prompt)
+        for i, t in enumerate(prompt):
+            if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+                raise ValueError(f"token ids must be ints: element {i} is {t!r} ({type(t).__name__})")
+        return [int(t) for t in prompt]
     raise ValueError(
         "prompt must be a string, token ids, chat messages or a prompt dict "
         f"({' / '.join(VLLM_PROMPT_KEYS)}), got {type(prompt).__name__}"
     )
 
 
+def check_chat_messages(messages: Sequence[dict]) -> list[dict]:
+    """Check the form of chat messages before the chat template sees them.
+
+    Returns:
+        The messages, as a new list.
+
+    Raises:
+        ValueError: an entry is not a dict, or lacks a string ``role`` or a ``content`` (a string,
+            or a list of content parts), naming the message's index.
+    """
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"chat message {i} is a {type(m).__name__}, not a dict with 'role' and 'content'")
+        if not isinstance(m.get("role"), str) or not m["role"]:
+            raise ValueError(f"chat message {i} needs a 'role' string (system, user, assistant), got {m.get('role')!r}")
+        if not isinstance(m.get("content"), (str, list)):
+            raise ValueError(f"chat message {i} needs a 'content' string, got {m.get('content')!r}")
+    return list(messages)
+
+
 def prompt_text(prompt: PromptType) -> Optional[str]:
     """The text a prompt was given as (``RequestOutput.prompt``): a string, or the ``prompt`` of a
-    vLLM prompt dict (when it has no ``prompt_token_ids``); None for token ids and chat messages."""
-    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+    vLLM prompt dict; None for token ids and chat messages."""
+    if isinstance(prompt, dict):  # with token ids too, the text is what the caller called it
         prompt = prompt.get("prompt")
     return prompt if isinstance(prompt, str) else None
 
@@ -235,6 +258,9 @@ def is_single_prompt(prompts: Union[PromptType, Sequence[PromptType]]) -> bool:
     text, a prompt dict, token ids, or one conversation (a list of dicts that are not prompt dicts)."""
     if isinstance(prompts, (str, dict)):
         return True
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError("prompts must be a prompt (text, token ids, chat messages, a prompt dict) or a "
+                        f"list of prompts, got {type(prompts).__name__}")
     if not prompts:
         return False
     first = prompts[0]
