@@ -1,4 +1,4 @@
-"""The ``weir`` command line: ``worker``, ``enrich``, ``sweep``, ``cancel``, ``db upgrade|downgrade|reconcile``, ``health``, ``bench``.
+"""The ``weir`` command line: ``worker``, ``enrich``, ``sweep``, ``cancel``, ``db``, ``health``, ``bench``.
 
 Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
 differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error.
