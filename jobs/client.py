@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from weir.jobs import names, store
 from weir.jobs.db import Batch, BatchStatus, Job, engine_for, make_session_factory, utcnow
@@ -130,6 +130,31 @@ class JobRef:
 
     job_id: uuid.UUID
     batch_id: uuid.UUID
+
+
+# deadlock detected, serialization failure: Postgres rolled the transaction back, nothing was written
+CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+CONFLICT_ATTEMPTS = 5
+
+
+def retry_on_conflict(fn):
+    """Run ``fn()`` (one whole transaction) again when Postgres aborts it as a deadlock victim or a
+    serialization failure: a cancel that updates thousands of job rows can meet a worker's group
+    commit holding some of them.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: any other database error, or a conflict on every one of
+            ``CONFLICT_ATTEMPTS`` attempts.
+    """
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        try:
+            return fn()
+        except DBAPIError as e:
+            if getattr(e.orig, "sqlstate", None) not in CONFLICT_SQLSTATES or attempt == CONFLICT_ATTEMPTS:
+                raise
+            logger.info("transaction aborted by a conflict (%s), attempt %d; running it again",
+                        e.orig.sqlstate, attempt)
+            time.sleep(0.05 * attempt)
 
 
 def _as_uuid(value: BatchId) -> uuid.UUID:
@@ -605,8 +630,11 @@ class Client:
         Raises:
             LookupError: no such batch.
         """
-        with self.session_factory.begin() as session:
-            return BatchProgress.of(store.cancel_batch(session, _as_uuid(batch_id)))
+        def cancel():
+            with self.session_factory.begin() as session:
+                return BatchProgress.of(store.cancel_batch(session, _as_uuid(batch_id)))
+
+        return retry_on_conflict(cancel)
 
     def cancel_job(self, job_id: BatchId) -> Job:
         """Cancel one queued or running job (see :func:`weir.jobs.store.cancel_job`).
@@ -614,8 +642,11 @@ class Client:
         Raises:
             LookupError: no such job.
         """
-        with self.session_factory.begin() as session:
-            return store.cancel_job(session, _as_uuid(job_id))
+        def cancel():
+            with self.session_factory.begin() as session:
+                return store.cancel_job(session, _as_uuid(job_id))
+
+        return retry_on_conflict(cancel)
 
     def close(self) -> None:
         """Release database connections."""

@@ -767,9 +767,12 @@ def cancel_batch(session: Session, batch_id: uuid.UUID) -> Batch:
     if batch.status.is_finished:
         return batch
     now = utcnow()
+    # rows are locked in id order, the order the workers' claims take them in
+    is_open = Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING])
+    open_jobs = select(Job.id).where(Job.batch_id == batch_id, is_open).order_by(Job.id).with_for_update()
     num_cancelled = session.execute(
         update(Job)
-        .where(Job.batch_id == batch_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+        .where(Job.id.in_(open_jobs), is_open)
         .values(status=JobStatus.CANCELLED, finished_at=now, lease_expires_at=None)
         .execution_options(synchronize_session=False)
     ).rowcount

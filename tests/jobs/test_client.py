@@ -5,6 +5,7 @@ streams results back in submission order."""
 
 import json
 import threading
+import time
 import uuid
 
 import pytest
@@ -165,6 +166,35 @@ def test_cancel(client):
     assert client.cancel(batch_id).status == BatchStatus.CANCELLED
     [row] = client.results(batch_id)
     assert row["status"] == "cancelled"
+
+
+def test_cancel_that_loses_a_deadlock_to_a_worker_runs_again(client):
+    """A worker's transaction holds the batch's last job and then asks for its first while the
+    cancel, which locks in id order, holds the first and waits on the last. The cancel waited first,
+    so Postgres picks it as the deadlock victim (after ``deadlock_timeout``, 1 s); it runs again."""
+    from sqlalchemy import text
+
+    batch_id = client.enqueue_batch([GenerateRequest(prompt="a"), GenerateRequest(prompt="b")])
+    first, last = sorted(j.id for j in client.jobs(batch_id))
+    holding, done = threading.Event(), threading.Event()
+    touch = text("UPDATE jobs SET attempts = attempts WHERE id = :id")
+
+    def worker():
+        with client.engine.begin() as conn:
+            conn.execute(touch, {"id": last})
+            holding.set()
+            time.sleep(0.3)  # the cancel now holds the first job and waits on the last
+            conn.execute(touch, {"id": first})
+        done.set()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert holding.wait(10)
+    progress = client.cancel(batch_id)
+    thread.join(10)
+    assert done.is_set()
+    assert progress.status == BatchStatus.CANCELLED and progress.num_cancelled == 2
+    assert [row["status"] for row in client.results(batch_id)] == ["cancelled", "cancelled"]
 
 
 def test_broker_down_at_publish_raises_and_the_sweeper_publishes_later(
