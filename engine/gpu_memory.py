@@ -55,7 +55,7 @@ def dummy_step(model, attn_backend: AttentionBackend, kv_caches, num_tokens: int
         sched.scheduled.append(ScheduledRequest(prompt, n))
         left -= n
     inputs = build_step_inputs(sched, block_size, device, attn_backend.index_dtype, write_kv=False)
-    model.use_norm_kernel(attn_backend.fused_rms_norm)
+    model.use_kernels(attn_backend.model_kernels)
     hidden = model(inputs.input_ids, inputs.positions, kv_caches, attn_backend,
                    attn_backend.build_metadata(inputs))
     rows = torch.arange(min(num_sampled, num_tokens), device=device)

@@ -50,10 +50,10 @@ class ModelRunner:
                                        block_size, device)
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
-        """Run attention (and the model's norms, see ``fused_rms_norm``) on ``backend``; set at
+        """Run attention (and the model's other kernels, see ``model_kernels``) on ``backend``; set at
         start-up, or by tests that drive another device's backend on CPU tensors."""
         self.attn_backend = backend
-        self.model.use_norm_kernel(backend.fused_rms_norm)
+        self.model.use_kernels(backend.model_kernels)
 
     @property
     def use_cpu_kernel(self) -> bool:

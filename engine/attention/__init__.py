@@ -8,7 +8,8 @@ contiguous: attention reads it without a transpose copy). A token's *slot* is
 Every backend has the same interface:
 
 - ``index_dtype``: the dtype of the step's integer inputs (``weir.engine.step_inputs``);
-- ``fused_rms_norm``: whether the model's residual add + RMSNorm run as the Triton kernel;
+- ``model_kernels``: whether the model's residual add + RMSNorm, rotary embedding and SwiGLU run
+  as the Triton kernels of ``weir.kernels`` (``LlamaForCausalLM.use_kernels``);
 - ``build_metadata(StepInputs)``: once per step, whatever the backend derives from the step's
   common fields (masks, per-token rows, views);
 - ``write_kv(key, value, key_cache, value_cache, metadata)`` and

@@ -100,7 +100,7 @@ class TorchAttentionBackend:
 
     name = "torch"
     index_dtype = torch.int64
-    fused_rms_norm = False  # the model's residual add + RMSNorm stay in torch
+    model_kernels = False  # the model's norms, rotary and SwiGLU stay in torch
 
     def build_metadata(self, inputs: StepInputs) -> TorchAttentionMetadata:
         """Masks and row lists of one step, from its common fields (decodes from row 0)."""

@@ -3,8 +3,9 @@
 Decode rows go to ``paged_attention_decode``, prefill rows to ``prefill_attention``; both read
 keys/values through the block table only, and ``write_kv_cache`` skips slot -1. Building the
 metadata takes views of the step's common fields and launches nothing, so the same call serves
-an eager step and the static buffers of a CUDA graph. The model's residual add + RMSNorm run as
-the fused kernel of ``weir.kernels.rms_norm``.
+an eager step and the static buffers of a CUDA graph. The model's residual add + RMSNorm, rotary
+embedding and SwiGLU run as the kernels of ``weir.kernels.rms_norm``, ``.rotary`` and ``.activation``
+(``model_kernels``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class TritonAttentionBackend:
 
     name = "triton"
     index_dtype = torch.int32
-    fused_rms_norm = True
+    model_kernels = True
 
     @staticmethod
     def build_metadata(inputs: StepInputs) -> TritonAttentionMetadata:

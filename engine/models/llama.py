@@ -7,7 +7,9 @@ to the q/k/v projections. The numerics follow transformers' ``LlamaForCausalLM``
 RoPE tables from transformers' own rotary module) so greedy outputs match it token for token.
 
 q/k/v and gate/up projections are fused into one matmul each; each residual add is done inside the
-norm after it (one fused kernel on the Triton backend).
+norm after it. With :meth:`LlamaForCausalLM.use_kernels` (the Triton backend's choice) the add+norm,
+the rotary embedding of queries and keys, and SwiGLU each run as one Triton kernel of
+``weir.kernels``; otherwise in torch, with the same rounding.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32, optionally after the
     residual add before it.
 
-    With ``use_kernel`` (set by :meth:`LlamaForCausalLM.use_norm_kernel`) the add and the norm
+    With ``use_kernel`` (set by :meth:`LlamaForCausalLM.use_kernels`) the add and the norm
     run as one Triton kernel (``weir.kernels.rms_norm``); otherwise in torch, with the same
     rounding (the sum is rounded to the input dtype before it is normalised).
     """
@@ -58,6 +60,21 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def apply_rotary(qk: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Torch rotary embedding (neox layout, as transformers' Llama). ``qk``: ``[num_tokens,
+    num_heads, head_dim]``; ``cos``/``sin``: each token's rows ``[num_tokens, 1, head_dim]``,
+    gathered once per step by the model, so ``positions`` is not read here (the signature is
+    ``weir.kernels.rotary.rotary_embedding``'s, which gathers the rows itself)."""
+    return qk * cos + rotate_half(qk) * sin
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """Torch SwiGLU: ``[num_tokens, 2 * intermediate]`` (gate half first) -> ``[num_tokens,
+    intermediate]``, as ``weir.kernels.activation.silu_and_mul``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config, dtype: torch.dtype):
         super().__init__()
@@ -77,12 +94,17 @@ class LlamaDecoderLayer(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, h, bias=False, dtype=dtype)
         self.input_layernorm = RMSNorm(h, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps, dtype)
+        # the torch ops, or the Triton kernels once LlamaForCausalLM.use_kernels(True) swaps them in
+        self.rotary = apply_rotary
+        self.act = silu_and_mul
 
-    def forward(self, x, residual, cos, sin, key_cache, value_cache, attn_backend, attn_metadata):
+    def forward(self, x, residual, positions, cos, sin, key_cache, value_cache, attn_backend,
+                attn_metadata):
         """One block. ``x``: ``[num_tokens, hidden]``, the previous block's MLP output (or the
-        embeddings, with ``residual`` None); ``residual``: the stream before it; cos/sin:
-        ``[num_tokens, 1, head_dim]``. Returns ``(mlp_output, residual)``: their sum is the block's
-        output, added inside the next norm."""
+        embeddings, with ``residual`` None); ``residual``: the stream before it; ``positions``:
+        ``[num_tokens]``; cos/sin: what ``self.rotary`` reads, each token's rows ``[num_tokens, 1,
+        head_dim]`` (torch) or the whole tables ``[max_positions, head_dim]`` (kernel). Returns
+        ``(mlp_output, residual)``: their sum is the block's output, added inside the next norm."""
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
@@ -93,15 +115,14 @@ class LlamaDecoderLayer(nn.Module):
         nq, nkv = self.num_heads, self.num_kv_heads
         # rotary on queries and keys in one pass. qk: [num_tokens, num_heads + num_kv_heads, head_dim]
         qk = qkv[:, :(nq + nkv) * self.head_dim].view(t, nq + nkv, self.head_dim)
-        qk = qk * cos + rotate_half(qk) * sin
+        qk = self.rotary(qk, positions, cos, sin)
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         q, k = qk[:, :nq], qk[:, nq:]
         v = qkv[:, (nq + nkv) * self.head_dim:].view(t, nkv, self.head_dim)
         attn_backend.write_kv(k, v, key_cache, value_cache, attn_metadata)
         o = attn_backend.forward(q, k, v, key_cache, value_cache, attn_metadata, self.scale)
         h, residual = self.post_attention_layernorm(self.o_proj(o.reshape(t, -1)), residual)
-        gate, up = self.gate_up_proj(h).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up), residual
+        return self.down_proj(self.act(self.gate_up_proj(h))), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -125,6 +146,7 @@ class LlamaForCausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
         self._build_rope(max_positions, dtype)
+        self.kernels_enabled = False
 
     def _build_rope(self, max_positions: int, dtype: torch.dtype) -> None:
         # transformers' rotary module computes the same tables as its own model uses
@@ -142,12 +164,21 @@ class LlamaForCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
 
-    def use_norm_kernel(self, enabled: bool) -> None:
-        """Run every residual add + RMSNorm as the fused Triton kernel (the Triton attention
-        backend's choice), or in torch."""
+    def use_kernels(self, enabled: bool) -> None:
+        """Run every residual add + RMSNorm, rotary embedding and SwiGLU as its Triton kernel
+        (``weir.kernels.rms_norm``, ``.rotary``, ``.activation``: the Triton backend's choice,
+        ``model_kernels``), or in torch. Importing the kernels needs Triton."""
+        self.kernels_enabled = enabled
+        if enabled:
+            from weir.kernels.activation import silu_and_mul as act
+            from weir.kernels.rotary import rotary_embedding as rotary
+        else:
+            act, rotary = silu_and_mul, apply_rotary
         for m in self.modules():
             if isinstance(m, RMSNorm):
                 m.use_kernel = enabled
+            elif isinstance(m, LlamaDecoderLayer):
+                m.rotary, m.act = rotary, act
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, attn_backend,
                 attn_metadata) -> torch.Tensor:
@@ -165,12 +196,15 @@ class LlamaForCausalLM(nn.Module):
             ``[num_tokens, hidden_size]`` final hidden states (after the last norm).
         """
         x = self.embed_tokens(input_ids)
-        # cos/sin: [num_tokens, 1, head_dim], broadcast over heads
-        cos = self.cos_cache[positions].unsqueeze(1)
-        sin = self.sin_cache[positions].unsqueeze(1)
+        if self.kernels_enabled:  # the rotary kernel reads each token's rows of the tables itself
+            cos, sin = self.cos_cache, self.sin_cache
+        else:
+            # cos/sin: [num_tokens, 1, head_dim], broadcast over heads
+            cos = self.cos_cache[positions].unsqueeze(1)
+            sin = self.sin_cache[positions].unsqueeze(1)
         residual = None
         for layer, (kc, vc) in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, cos, sin, kc, vc, attn_backend, attn_metadata)
+            x, residual = layer(x, residual, positions, cos, sin, kc, vc, attn_backend, attn_metadata)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
