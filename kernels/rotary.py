@@ -20,6 +20,10 @@ import triton.language as tl
 
 from weir.kernels.common import FLOAT_DTYPES, INDEX_DTYPES, check, check_tensor
 
+# compiler options of every launch: with fp fusion on, LLVM turns the rounded products and their
+# sum into fma instructions (even in bf16: fma.rn.bf16), which round once where torch rounds twice
+LAUNCH_OPTIONS = {"enable_fp_fusion": False}
+
 
 @triton.jit
 def _rotary_kernel(
@@ -99,8 +103,7 @@ def rotary_embedding(qk: torch.Tensor, positions: torch.Tensor, cos_cache: torch
         qk, positions, cos_cache, sin_cache,
         qk.stride(0), qk.stride(1), cos_cache.stride(0), sin_cache.stride(0),
         NUM_HEADS=num_heads, HALF=half, BLOCK_H=block_h, BLOCK_HALF=block_half,
-        num_warps=min(max(block_h * block_half // 256, 1), 8),
-        enable_fp_fusion=False,  # an fma would round once where torch rounds twice
+        num_warps=min(max(block_h * block_half // 256, 1), 8), **LAUNCH_OPTIONS,
     )
     return qk
 
