@@ -110,7 +110,7 @@ def layer_ops() -> dict:
     g = torch.Generator().manual_seed(0)
     x, residual = torch.randn(2, inputs.num_tokens, 64, generator=g).unbind(0)
     pos = inputs.positions
-    if getattr(layer, "rotary", None) not in (None, llama.apply_rotary):
+    if getattr(layer, "rotary", None) not in (None, getattr(llama, "apply_rotary", None)):
         args = (pos, model.cos_cache, model.sin_cache)  # the kernel gathers by position
     else:  # the torch rotary reads each token's rows, gathered once per step by forward
         cos, sin = model.cos_cache[pos].unsqueeze(1), model.sin_cache[pos].unsqueeze(1)
