@@ -1,5 +1,6 @@
 """Kernels of the engine: Triton kernels for CUDA (decode and prefill paged attention, KV-cache
-writes, RMSNorm with the fused residual add) and a C kernel for paged attention on the CPU.
+writes, RMSNorm with the fused residual add, rotary embedding of queries and keys, SwiGLU) and a C
+kernel for paged attention on the CPU.
 
 Each operation has one plain torch reference, named ``<operation>_ref`` beside the kernel, which
 the kernel tests compare against. The two Triton attention kernels share one K/V tile loop

@@ -18,10 +18,10 @@ pf = import_kernel("prefill_attention")
 CONTEXT_LENS = [0, 1, 31, 32, 33, 63, 64, 65, 100, 129]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_decode_and_one_token_prefill_agree_with_the_reference(device, head_dim, block_size):
-    dtype = torch.float16
+def test_decode_and_one_token_prefill_agree_with_the_reference(device, dtype, head_dim, block_size):
     num_kv_heads, queries_per_kv = 2, 4
     kc, vc, bt = random_paged_cache(CONTEXT_LENS, num_kv_heads, head_dim, block_size, dtype, device)
     g = torch.Generator().manual_seed(2)
