@@ -1,8 +1,8 @@
 """Kernels one decoder layer launches on the Triton path, counted on CPU, before and after a change.
 
-The layer runs once on a mixed step (one decode, three prefill chunks: both attention kernels run)
-of a tiny random Llama in fp32, with the Triton backend and its kernels under Triton's CPU
-interpreter. A ``TorchDispatchMode`` sees every aten op; Triton launches are counted at the
+One decoder layer, and the forward of a one-layer model, run once on a mixed step (one decode,
+three prefill chunks: both attention kernels run) of a tiny random Llama in fp32, with the Triton
+backend and its kernels under Triton's CPU interpreter. A ``TorchDispatchMode`` sees every aten op; Triton launches are counted at the
 launcher (``JITFunction.run``, or the interpreter's), with the aten ops the interpreter itself runs
 inside a launch left out. Ops split into *kernels* (aten ops that compute, plus Triton launches:
 what a GPU would launch), *views* (no data moves) and *allocations* (``empty*``).
@@ -12,7 +12,7 @@ Usage::
     TRITON_INTERPRET=1 python -m bench.kernel_count [--before 95ed8dc]
 
 prints the counts of this tree, of ``--before`` (a git revision, exported with ``git archive`` and
-imported in a child process) and their ratio.
+imported in a child process) and their ratio, per layer and per step.
 """
 
 from __future__ import annotations
@@ -84,9 +84,11 @@ class OpCounter:
                 "allocations": dict(self.allocations)}
 
 
-def layer_ops() -> dict:
-    """Counts of one decoder layer (its input norm the fused residual add + norm) on the Triton
-    path, as ``LlamaForCausalLM.use_kernels(True)`` (or, before it, ``use_norm_kernel``) sets it."""
+def count_ops() -> dict:
+    """Counts on the Triton path, as ``LlamaForCausalLM.use_kernels(True)`` (or, before it,
+    ``use_norm_kernel``) sets it: ``layer``, one decoder layer (its input norm the fused residual
+    add + norm); ``step``, the forward of the whole one-layer model (embedding, the per-step work
+    outside the layers, the layer with a plain input norm, the final norm)."""
     import torch
     from transformers import LlamaConfig
 
@@ -115,14 +117,17 @@ def layer_ops() -> dict:
     else:  # the torch rotary reads each token's rows, gathered once per step by forward
         cos, sin = model.cos_cache[pos].unsqueeze(1), model.sin_cache[pos].unsqueeze(1)
         args = (pos, cos, sin) if hasattr(model, "use_kernels") else (cos, sin)
-    counter = OpCounter()
-    with torch.inference_mode(), counter.counting(type(_rms_norm_kernel)):
-        layer(x, residual, *args, kc, vc, backend, meta)
-    return counter.summary()
+    layer_counter, step_counter = OpCounter(), OpCounter()
+    with torch.inference_mode():
+        with layer_counter.counting(type(_rms_norm_kernel)):
+            layer(x, residual, *args, kc, vc, backend, meta)
+        with step_counter.counting(type(_rms_norm_kernel)):
+            model(inputs.input_ids, pos, [(kc, vc)], backend, meta)
+    return {"layer": layer_counter.summary(), "step": step_counter.summary()}
 
 
 def before_ops(rev: str) -> dict:
-    """:func:`layer_ops` of git revision ``rev``, run in a child process that imports ``weir``
+    """:func:`count_ops` of git revision ``rev``, run in a child process that imports ``weir``
     from a ``git archive`` of it (its folders linked under ``weir/`` as setuptools maps them)."""
     with tempfile.TemporaryDirectory() as tmp:
         src, pkg = os.path.join(tmp, "src"), os.path.join(tmp, "pkg", "weir")
@@ -135,7 +140,7 @@ def before_ops(rev: str) -> dict:
             os.symlink(os.path.join(src, part), os.path.join(src, "weir", part))
         code = (f"import sys; sys.path.insert(0, {os.path.dirname(pkg)!r}); import json, weir; "
                 f"assert weir.__file__.startswith({tmp!r}), weir.__file__; "
-                "from bench.kernel_count import layer_ops; print(json.dumps(layer_ops()))")
+                "from bench.kernel_count import count_ops; print(json.dumps(count_ops()))")
         env = dict(os.environ, TRITON_INTERPRET="1")
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
                              capture_output=True, text=True).stdout
@@ -148,14 +153,16 @@ def main() -> None:
     args = parser.parse_args()
     if not os.environ.get("TRITON_INTERPRET"):
         sys.exit("run with TRITON_INTERPRET=1 (the counts are of the CPU interpreter run)")
-    results = {"before " + args.before: before_ops(args.before), "after": layer_ops()}
-    for label, r in results.items():
-        totals = {k: sum(v.values()) for k, v in r.items()}
-        print(f"{label:>15}: {totals['kernels']} kernels, {totals['views']} views, "
-              f"{totals['allocations']} allocations")
-        print(f"{'':>15}  kernels {dict(sorted(r['kernels'].items()))}")
-    b, a = (sum(r["kernels"].values()) for r in results.values())
-    print(f"kernels per layer after/before: {a}/{b} = {a / b:.2f}")
+    results = {"before " + args.before: before_ops(args.before), "after": count_ops()}
+    for scope in ("layer", "step"):
+        print(f"{scope}:")
+        for label, r in results.items():
+            totals = {k: sum(v.values()) for k, v in r[scope].items()}
+            print(f"  {label:>15}: {totals['kernels']} kernels, {totals['views']} views, "
+                  f"{totals['allocations']} allocations")
+            print(f"  {'':>15}  kernels {dict(sorted(r[scope]['kernels'].items()))}")
+        b, a = (sum(r[scope]["kernels"].values()) for r in results.values())
+        print(f"  kernels after/before: {a}/{b} = {a / b:.2f}")
 
 
 if __name__ == "__main__":

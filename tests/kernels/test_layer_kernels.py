@@ -1,15 +1,17 @@
-"""How many kernels one decoder layer launches on the Triton path (aten ops that compute plus
-Triton launches, counted on CPU under the interpreter by ``bench.kernel_count``), exactly.
+"""How many kernels one decoder layer, and one step of a one-layer model, launch on the Triton
+path (aten ops that compute plus Triton launches, counted on CPU under the interpreter by
+``bench.kernel_count``), exactly.
 
-Before the rotary and SwiGLU kernels (95ed8dc) the same count was 16: rotary as mul, neg, cat, mul,
-mul, add and SwiGLU as silu, mul. What is left are the four projections (one matmul each, with
-the gate/up and q/k/v fused) and one Triton kernel per other op.
+Before the rotary and SwiGLU kernels (95ed8dc) the same counts were 16 and 20: rotary as mul, neg,
+cat, mul, mul, add, SwiGLU as silu, mul, and per step the two gathers of cos/sin. What is left are
+the four projections (one matmul each, with the gate/up and q/k/v fused) and one Triton kernel per
+other op.
 """
 
 import pytest
 import torch
 
-from bench.kernel_count import layer_ops
+from bench.kernel_count import count_ops
 from tests.kernels.support import import_kernel
 
 import_kernel("rotary")
@@ -27,7 +29,13 @@ LAYER_KERNELS = {
 }
 
 
-def test_one_decoder_layer_launches_eleven_kernels():
-    ops = layer_ops()
-    assert ops["kernels"] == LAYER_KERNELS
-    assert sum(ops["kernels"].values()) == 11
+# the layer's, with a plain input norm, plus the embedding and the final norm: no cos/sin gathers
+STEP_KERNELS = {**LAYER_KERNELS, "aten.embedding": 1, "triton._rms_norm_kernel": 3}
+
+
+def test_one_decoder_layer_launches_eleven_kernels_and_a_step_thirteen():
+    ops = count_ops()
+    assert ops["layer"]["kernels"] == LAYER_KERNELS
+    assert sum(ops["layer"]["kernels"].values()) == 11
+    assert ops["step"]["kernels"] == STEP_KERNELS
+    assert sum(ops["step"]["kernels"].values()) == 13
