@@ -47,3 +47,22 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     """Kernel output against the fp32 reference: a few units in the last place of ``dtype``."""
     tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
     torch.testing.assert_close(actual.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def truncate_fp32_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values rounded toward zero to bf16 precision (the low 16 bits dropped), still fp32:
+    how Triton's CPU interpreter converts fp32 to bf16, where a GPU rounds to nearest even."""
+    return (x.view(torch.int32) & -65536).view(torch.float32)  # -65536: 0xFFFF0000
+
+
+def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """How many representable values of their (common) dtype lie between each pair, as int64."""
+    bits = {torch.float32: (torch.int32, 0x7FFFFFFF), torch.float16: (torch.int16, 0x7FFF),
+            torch.bfloat16: (torch.int16, 0x7FFF)}
+    int_dtype, magnitude = bits[actual.dtype]
+
+    def ordered(t):  # sign-magnitude bits -> integers in the order of the values
+        i = t.contiguous().view(int_dtype).long()
+        return torch.where(i < 0, -(i & magnitude), i)
+
+    return (ordered(actual) - ordered(expected)).abs()

@@ -3,9 +3,19 @@
 import pytest
 import torch
 
-from tests.kernels.support import assert_close, import_kernel
+from tests.kernels.support import import_kernel, truncate_fp32_to_bf16, ulp_distance
 
 act = import_kernel("activation")
+
+
+def reference(x):
+    """The reference in the kernel's order of roundings; for bf16 under the CPU interpreter, whose
+    fp32 -> bf16 cast truncates, with truncation in place of both roundings."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        gate, up = x.float().chunk(2, dim=-1)
+        silu = truncate_fp32_to_bf16(torch.nn.functional.silu(gate))
+        return truncate_fp32_to_bf16(silu * up).to(torch.bfloat16)
+    return act.silu_and_mul_ref(x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -15,10 +25,15 @@ def test_silu_and_mul_matches_reference(device, dtype, intermediate):
     # a strided view, as a slice of a wider matmul output would be
     x = (4 * torch.randn(5, 2 * intermediate + 8, generator=g)).to(dtype).to(device)[:, :2 * intermediate]
     got = act.silu_and_mul(x)
-    want = act.silu_and_mul_ref(x)
+    want = reference(x)
     assert got.dtype == dtype and got.shape == (5, intermediate) and got.is_contiguous()
-    # exp differs from torch's in the last fp32 place, which may move one rounding to the dtype
-    assert_close(got, want, dtype)
+    # exp is not torch's (libdevice on the GPU, numpy's under the interpreter): it differs in the
+    # last fp32 place, which now and then moves the rounding of silu(gate) to fp16/bf16 by one unit
+    ulps = ulp_distance(got, want)
+    if dtype == torch.float32:
+        assert ulps.max() <= 4
+    else:
+        assert ulps.max() <= 2 and (ulps == 0).float().mean() >= 0.99, ulps.float().mean()
 
 
 def test_silu_and_mul_takes_gate_first(device):

@@ -4,7 +4,7 @@ rounds as torch does."""
 import pytest
 import torch
 
-from tests.kernels.support import import_kernel
+from tests.kernels.support import import_kernel, truncate_fp32_to_bf16
 
 rot = import_kernel("rotary")
 
@@ -23,9 +23,7 @@ def tables(head_dim, dtype, device, seed=0):
 def truncating_bf16_ref(qk, positions, cos_cache, sin_cache):
     """The reference's order of operations with every fp32 -> bf16 rounding done by truncation
     (dropping the low 16 bits), as Triton's CPU interpreter casts."""
-    def trunc(x):
-        return (x.view(torch.int32) & -65536).view(torch.float32)  # -65536: 0xFFFF0000
-
+    trunc = truncate_fp32_to_bf16
     half = qk.shape[-1] // 2
     x1, x2 = qk[..., :half].float(), qk[..., half:].float()
     # c1, c2, s1, s2: [num_tokens, 1, half]
