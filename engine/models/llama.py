@@ -9,7 +9,8 @@ RoPE tables from transformers' own rotary module) so greedy outputs match it tok
 q/k/v and gate/up projections are fused into one matmul each; each residual add is done inside the
 norm after it. With :meth:`LlamaForCausalLM.use_kernels` (the Triton backend's choice) the add+norm,
 the rotary embedding of queries and keys, and SwiGLU each run as one Triton kernel of
-``weir.kernels``; otherwise in torch, with the same rounding.
+``weir.kernels``, rounding where the torch ops here do (rotary: bit-identical on the GPU; SwiGLU:
+within a unit in the last place, its ``exp`` not being torch's).
 """
 
 from __future__ import annotations
