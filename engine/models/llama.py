@@ -82,7 +82,19 @@ class LlamaDecoderLayer(nn.Module):
         """One block. ``x``: ``[num_tokens, hidden]``, the previous block's MLP output (or the
         embeddings, with ``residual`` None); ``residual``: the stream before it; cos/sin:
         ``[num_tokens, 1, head_dim]``. Returns ``(mlp_output, residual)``: their sum is the block's
-        output, added inside the next norm."""
+        output, added inside the next norm.
+
+        Three parts, which piecewise CUDA graphs (``weir.engine.piecewise_graphs``) cut at the
+        attention call: :meth:`pre_attention`, :meth:`attention`, :meth:`post_attention`."""
+        q, k, v, residual = self.pre_attention(x, residual, cos, sin)
+        o = self.attention(q, k, v, key_cache, value_cache, attn_backend, attn_metadata)
+        return self.post_attention(o, residual)
+
+    def pre_attention(self, x, residual, cos, sin):
+        """Input norm (after the residual add), q/k/v projection and rotary. Returns
+        ``(q, k, v, residual)``: q ``[num_tokens, num_heads, head_dim]``, k and v
+        ``[num_tokens, num_kv_heads, head_dim]`` (views into the projection), residual
+        ``[num_tokens, hidden]``."""
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
@@ -97,8 +109,18 @@ class LlamaDecoderLayer(nn.Module):
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         q, k = qk[:, :nq], qk[:, nq:]
         v = qkv[:, (nq + nkv) * self.head_dim:].view(t, nkv, self.head_dim)
+        return q, k, v, residual
+
+    def attention(self, q, k, v, key_cache, value_cache, attn_backend, attn_metadata):
+        """Write the new keys/values to the cache, then attend. Returns
+        ``[num_tokens, num_heads, head_dim]``."""
         attn_backend.write_kv(k, v, key_cache, value_cache, attn_metadata)
-        o = attn_backend.forward(q, k, v, key_cache, value_cache, attn_metadata, self.scale)
+        return attn_backend.forward(q, k, v, key_cache, value_cache, attn_metadata, self.scale)
+
+    def post_attention(self, o, residual):
+        """o_proj, post-attention norm (after the residual add) and the SwiGLU MLP. ``o``:
+        ``[num_tokens, num_heads, head_dim]``. Returns ``(mlp_output, residual)``."""
+        t = o.shape[0]
         h, residual = self.post_attention_layernorm(self.o_proj(o.reshape(t, -1)), residual)
         gate, up = self.gate_up_proj(h).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up), residual
@@ -164,14 +186,20 @@ class LlamaForCausalLM(nn.Module):
         Returns:
             ``[num_tokens, hidden_size]`` final hidden states (after the last norm).
         """
-        x = self.embed_tokens(input_ids)
-        # cos/sin: [num_tokens, 1, head_dim], broadcast over heads
-        cos = self.cos_cache[positions].unsqueeze(1)
-        sin = self.sin_cache[positions].unsqueeze(1)
+        x, cos, sin = self.embed(input_ids, positions)
         residual = None
         for layer, (kc, vc) in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, cos, sin, kc, vc, attn_backend, attn_metadata)
         return self.norm(x, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """Token embeddings ``[num_tokens, hidden_size]`` and the rotary tables of each position,
+        cos and sin ``[num_tokens, 1, head_dim]``."""
+        x = self.embed_tokens(input_ids)
+        # cos/sin: [num_tokens, 1, head_dim], broadcast over heads
+        cos = self.cos_cache[positions].unsqueeze(1)
+        sin = self.sin_cache[positions].unsqueeze(1)
+        return x, cos, sin
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` logits in fp32."""
