@@ -23,14 +23,11 @@ stays alive in the shared memory pool between replays.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 import torch
 
 from weir.engine.step_inputs import StepInputs
-
-logger = logging.getLogger(__name__)
 
 
 def piecewise_capture_sizes(max_capture_size: int) -> list[int]:

@@ -79,25 +79,25 @@ def model():
     return m.eval()
 
 
-def random_cache(model, block_size=BLOCK_SIZE):
+def random_cache(model, block_size=BLOCK_SIZE, device=CPU, dtype=torch.float32):
     """Every slot holds random data, so a write anywhere shows."""
     cfg = model.config
     shape = (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, NUM_BLOCKS, block_size, 16)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
 
 
 def layer_caches(cache):
     return [(cache[i, 0], cache[i, 1]) for i in range(cache.shape[0])]
 
 
-def eager(model, backend, sched, cache, pad_to=None, block_size=BLOCK_SIZE):
+def eager(model, backend, sched, cache, pad_to=None, block_size=BLOCK_SIZE, device=CPU):
     """The model's own forward; with ``pad_to``, over the step plus one fresh request of padding
     tokens (slot -1) packed last, so that every row-wise op sees ``pad_to`` rows as the bucket does."""
     t = sched.num_tokens
     if pad_to is not None and pad_to > t:
         pad = Req([0] * (pad_to - t), [0] * -(-(pad_to - t) // block_size), 0)
         sched = SchedulerOutput(sched.scheduled + [ScheduledRequest(pad, pad_to - t)])
-    inputs = build_step_inputs(sched, block_size, CPU, backend.index_dtype)
+    inputs = build_step_inputs(sched, block_size, device, backend.index_dtype)
     slots = inputs.slot_mapping.clone()
     slots[t:] = -1
     inputs = replace(inputs, slot_mapping=slots, num_actual_tokens=t)
@@ -107,9 +107,13 @@ def eager(model, backend, sched, cache, pad_to=None, block_size=BLOCK_SIZE):
     return hidden[:t]
 
 
-def piecewise(model, backend, sched, cache, sizes, block_size=BLOCK_SIZE):
-    graphs = PiecewiseGraphs(model, backend, layer_caches(cache), sizes, CPU, capture=False)
-    inputs = build_step_inputs(sched, block_size, CPU, backend.index_dtype)
+def piecewise(model, backend, sched, cache, sizes, block_size=BLOCK_SIZE, device=CPU, graphs=None):
+    """The step through piecewise graphs whose buffers hold what a larger earlier step left there."""
+    if graphs is None:
+        graphs = PiecewiseGraphs(model, backend, layer_caches(cache), sizes, device, capture=False)
+    for buf in (graphs.input_ids, graphs.positions, graphs.slot_mapping, graphs.attn_out):
+        buf.fill_(3)
+    inputs = build_step_inputs(sched, block_size, device, backend.index_dtype)
     with torch.inference_mode():
         return graphs.run(inputs).clone(), graphs
 
@@ -152,6 +156,12 @@ def test_padded_bucket_equals_the_eager_forward_of_as_many_rows(model, step, buc
     assert not graphs.attn_out[t:bucket].any()
 
 
+def changed_slots(after, before):
+    """Slot ids where any layer's key or value differs. Cache: [layers, 2, kv_heads, blocks, block_size, head_dim]."""
+    return (after != before).any(-1).any(2).any(1).any(0).flatten().nonzero().flatten().tolist()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors under the Triton interpreter")
 def test_padding_rows_write_nothing_to_the_cache_on_the_triton_backend(model):
     """The Triton backend writes every row it is given and skips slot -1: the slots that change
     are exactly the step's five, never slot 0 (token 0 at position 0 of each padding row). The
@@ -165,8 +175,7 @@ def test_padding_rows_write_nothing_to_the_cache_on_the_triton_backend(model):
         before = random_cache(model, block_size=8)
         after = before.clone()
         got, graphs = piecewise(model, backend, sched, after, [8], block_size=8)
-        # cache [layers, 2, kv_heads, blocks, block_size, head_dim] -> changed slot ids
-        changed = (after != before).any(-1).any(2).any(1).any(0).flatten().nonzero().flatten().tolist()
+        changed = changed_slots(after, before)
         step_slots = build_step_inputs(sched, 8, CPU, torch.int32).slot_mapping.tolist()
         assert step_slots == [61, 50, 51, 24, 25]
         assert changed == sorted(step_slots)
@@ -248,6 +257,7 @@ class OpCounter:
         return wrapped
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors under the Triton interpreter")
 def test_only_attention_runs_between_the_pieces(model, monkeypatch):
     """On the Triton backend (its metadata is views: no op), what runs outside the pieces is the
     step's input copies and padding fills, one copy of attention's output per layer, and the
@@ -317,3 +327,35 @@ def test_gpu_time_read_from_events_once_they_complete(monkeypatch):
             out["forward_gpu_time_s_eager"]) == (0.25, 0.25, 0.0)
     assert (out["num_steps_cudagraph_piecewise"], out["num_tokens_cudagraph_piecewise"],
             out["num_padding_tokens_cudagraph_piecewise"], out["num_steps_eager"]) == (1, 6, 2, 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs")
+def test_captured_piecewise_graphs_on_cuda():
+    """The real capture (bf16, Triton backend): two buckets replayed one after the other through the
+    same buffers, each step's hidden states as the eager forward's over as many rows, and the
+    cache changed at the step's slots only."""
+    from transformers import LlamaConfig
+
+    from weir.engine.attention import TritonAttentionBackend
+    from weir.engine.models.llama import LlamaForCausalLM
+
+    dev = torch.device("cuda")
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    m = LlamaForCausalLM(cfg, torch.bfloat16, 64)
+    m.init_dummy(0)
+    m = m.to(dev).eval()
+    backend = TritonAttentionBackend()
+    m.use_norm_kernel(backend.fused_rms_norm)
+    before = random_cache(m, block_size=8, device=dev, dtype=torch.bfloat16)
+    after = before.clone()
+    graphs = PiecewiseGraphs(m, backend, layer_caches(after), [8, 16], dev)
+    for sched, bucket in ((mixed_step(), 16), (five_token_step(), 8)):
+        start = after.clone()
+        got, _ = piecewise(m, backend, sched, after, None, block_size=8, device=dev, graphs=graphs)
+        want_cache = start.clone()
+        want = eager(m, backend, sched, want_cache, pad_to=bucket, block_size=8, device=dev)
+        torch.testing.assert_close(got.float(), want.float(), atol=1.6e-2, rtol=1.6e-2)
+        step_slots = build_step_inputs(sched, 8, dev, torch.int32).slot_mapping.tolist()
+        assert changed_slots(after, start) == sorted(step_slots)
+        torch.testing.assert_close(after.float(), want_cache.float(), atol=1.6e-2, rtol=1.6e-2)
