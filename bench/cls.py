@@ -34,7 +34,7 @@ from collections import Counter
 import torch
 
 from bench.peers import load_hf_model, pad_token_id
-from bench.report import Report, matmul_peak_line
+from bench.report import Report, cudagraph_share_line, cudagraph_shares, matmul_peak_line
 from bench.roofline import FlopCounter, ModelShape, format_rate, matmul_peak
 from bench.workloads import w_cls_calibration_messages, w_cls_labels, w_cls_messages
 
@@ -145,6 +145,8 @@ def main(argv=None) -> int:
                     help="subtract each label's log-prob under a content-free 'N/A' prompt (both systems)")
     ap.add_argument("--max-num-seqs", type=int, default=256, help="weir engine argument")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="weir engine argument")
+    ap.add_argument("--dtype", default="float32",
+                    help="both systems' dtype (float32; on CUDA bfloat16 runs weir's Triton kernels and graphs)")
     ap.add_argument("--json", default=None, help="append one JSON line per figure to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
@@ -152,8 +154,9 @@ def main(argv=None) -> int:
 
     from weir.engine import LLM
 
-    llm = LLM(args.model, dtype="float32", max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024)
+    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=1024,
+              measure_step_gpu_time=torch.cuda.is_available())
     labels = w_cls_labels()
     messages, truth = w_cls_messages(args.n, labels)
     prompts = [llm.encode_prompt(m) for m in messages]
@@ -193,8 +196,11 @@ def main(argv=None) -> int:
         fc = weir_flops(shape, outs, calibration)
         weir_rate = report("weir", secs, weir_preds, fc, computed_tokens=fc.num_tokens,
                            prefix_cache_hit_tokens=sum(o.num_cached_tokens for o in outs))
+        if llm.llm_engine.device.type == "cuda":  # every run's steps, the warm-up's included
+            stats = llm.llm_engine.stats()
+            emit(cudagraph_share_line(stats), figure="cudagraph_shares", value=cudagraph_shares(stats))
     if "hf-forward" in systems:
-        hf = load_hf_model(args.model, torch.float32, str(llm.llm_engine.device))
+        hf = load_hf_model(args.model, llm.llm_engine.dtype, str(llm.llm_engine.device))
         pad_id = pad_token_id(llm.tokenizer)
         peer_scores(hf, prompts[:2], label_ids, 8, pad_id)  # warm-up
         fc = peer_flops(shape, prompts + ([calibration] if calibration is not None else []), label_ids)

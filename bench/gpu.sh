@@ -15,7 +15,8 @@
 #         divergence per prompt; the step fails if one parts before position 8).
 # bench:  W-mixed on smollm2-135m and llama-1b shapes (weir, weir without CUDA graphs, HF static
 #         batch 64/256, HF continuous batching) and W-gen on 1024 catalog products with the real
-#         SmolLM2 weights (weir, HF static 64/256, HF continuous batching).
+#         SmolLM2 weights (weir, HF static 64/256, HF continuous batching); W-queue (bench/graphs.py:
+#         a queue-fed engine's mixed steps, piecewise CUDA graphs against main at 95ed8dc).
 # Each step has its own time limit and leaves <step>.log; steps.jsonl records every exit status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +51,7 @@ if [ "$what" = all ] || [ "$what" = checks ]; then
   step kernel_tests 240 python -m pytest -q tests/kernels --junitxml="$OUT/kernel_tests.xml"
   step engine_cuda_tests 180 python -m pytest -q tests/engine/test_step_inputs.py \
     tests/engine/test_attention_backends.py tests/engine/test_memory_profiling.py \
+    tests/engine/test_piecewise_graphs.py \
     --junitxml="$OUT/engine_cuda_tests.xml"
   step greedy_check 150 python -m bench.greedy_check --n 8 --device cuda --dtype bfloat16 \
     --min-divergence 8 --json "$OUT/greedy.jsonl"
@@ -59,6 +61,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     --batch-sizes 64,256 --json "$OUT/mixed.jsonl"
   step mixed_eager 120 python -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 1 \
     --systems weir --enforce-eager --json "$OUT/mixed.jsonl"
+  step queue 300 python -m bench.graphs --shape smollm2-135m --n 64 --repeats 3
   step wgen 240 python -m bench.run --n 1024 --device cuda --dtype bfloat16 --batch-sizes 64,256 \
     --repeats 3 --json "$OUT/wgen.jsonl"
 fi

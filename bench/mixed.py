@@ -28,7 +28,7 @@ import time
 import torch
 
 from bench.peers import hf_continuous_batching, hf_model_from_config, hf_static_generate, synchronize
-from bench.report import Report
+from bench.report import Report, cudagraph_share_line, cudagraph_shares
 from bench.roofline import ModelShape, generation_bytes, generation_flops
 
 SHAPES = {
@@ -98,7 +98,8 @@ def run_weir(config, requests, args, dtype: str) -> tuple[float, int, dict]:
 
     llm = LLM(config, load_format="dummy", skip_tokenizer_init=True, dtype=dtype, device=args.device,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=config.max_position_embeddings, enforce_eager=args.enforce_eager)
+              max_model_len=config.max_position_embeddings, enforce_eager=args.enforce_eager,
+              measure_step_gpu_time=args.device == "cuda")
     prompts = [p for p, _ in requests]
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in requests]
     llm.generate(prompts[:4], [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * len(prompts[:4]))
@@ -111,14 +112,18 @@ def run_weir(config, requests, args, dtype: str) -> tuple[float, int, dict]:
         times.append(time.perf_counter() - t)
     toks = sum(len(o.outputs[0].token_ids) for o in outs)
     stats = llm.llm_engine.stats()
+    extra = {}
+    if args.device == "cuda":  # every run's steps, the warm-up's included
+        print(cudagraph_share_line(stats), flush=True)
+        extra["cudagraph_shares"] = cudagraph_shares(stats)
     # the peers run next in this process: drop the KV pool and graphs now, not at some later GC
     runner = llm.llm_engine.runner
-    runner.kv_cache = runner.kv_caches = runner.graphs = None
+    runner.kv_cache = runner.kv_caches = runner.graphs = runner.piecewise_graphs = None
     del llm, runner
     _free(args.device)
     return statistics.median(times), toks, {"num_gpu_blocks": stats.get("num_gpu_blocks"),
                                             "num_preemptions": stats.get("num_preemptions"),
-                                            "repeats_s": [round(x, 3) for x in times]}
+                                            "repeats_s": [round(x, 3) for x in times], **extra}
 
 
 def _free(device: str) -> None:

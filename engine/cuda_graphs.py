@@ -1,21 +1,26 @@
-"""CUDA graphs of the decode step: captured once at start-up, replayed for every decode-only step.
+"""CUDA graphs of the decode step (full graphs), the graph modes, and which mode a step runs in.
 
 A decode step of a small model is a few hundred short kernels; launching them from Python costs
 more than running them. Each graph records the whole forward pass (embedding to final norm) for one
 batch size; a step with ``n`` decodes replays the graph of the smallest captured size >= ``n`` with
 the extra rows padded (slot -1: nothing written; context length 0: zero output). Prefill steps run
+through piecewise graphs (:mod:`weir.engine.piecewise_graphs`) when they fit a bucket, else
 eagerly. Only the model forward is captured; logits and sampling run after it.
 
 All graphs share one memory pool and one set of static inputs: a :class:`StepInputs` of the
 largest batch, made by the step builder itself (the same packed layout as every step), whose
 first ``b`` rows the graph of size ``b`` reads. The largest graph is captured first, so the
 smaller ones fit inside its pool.
+
+The modes are vLLM's ``cudagraph_mode`` values (:class:`CUDAGraphMode`); a step's runtime mode is
+one of :data:`RUNTIME_MODES` (:func:`dispatch`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from enum import Enum
 
 import torch
 
@@ -23,6 +28,52 @@ from weir.engine.scheduler import SchedulerOutput
 from weir.engine.step_inputs import StepInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
+
+
+class CUDAGraphMode(str, Enum):
+    """Which steps replay CUDA graphs (vLLM's ``CompilationConfig.cudagraph_mode`` names).
+
+    - ``NONE``: every step eager;
+    - ``PIECEWISE``: every step that fits a bucket replays piecewise graphs;
+    - ``FULL_DECODE_ONLY``: decode-only steps replay full graphs, the others run eagerly;
+    - ``FULL_AND_PIECEWISE``: decode-only steps replay full graphs (attention inside: faster),
+      every other step that fits a bucket piecewise graphs.
+    """
+
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+    @property
+    def has_full(self) -> bool:
+        return self in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+    @property
+    def has_piecewise(self) -> bool:
+        return self in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+
+FULL, PIECEWISE, EAGER = "full", "piecewise", "eager"
+RUNTIME_MODES = (FULL, PIECEWISE, EAGER)
+"""How one step's forward runs: a full decode graph, piecewise graphs, or eagerly."""
+
+
+def dispatch(sched: SchedulerOutput, full: DecodeGraphs | None, piecewise) -> str:
+    """The runtime mode of a step: ``full`` for a decode-only step within the full graphs' batch
+    sizes, else ``piecewise`` when its token count fits a piecewise bucket, else ``eager``.
+
+    Args:
+        sched: the step.
+        full: the full decode graphs, or None.
+        piecewise: the ``PiecewiseGraphs``, or None.
+    """
+    num_reqs, num_tokens = len(sched.scheduled), sched.num_tokens
+    if full is not None and num_reqs and num_tokens == num_reqs and full.padded_size(num_reqs) is not None:
+        return FULL
+    if piecewise is not None and num_tokens and piecewise.padded_size(num_tokens) is not None:
+        return PIECEWISE
+    return EAGER
 
 
 def decode_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -46,10 +97,11 @@ class DecodeGraphs:
         device: the CUDA device.
         capture: False keeps the static inputs and padding but runs every replay eagerly (what
             the CPU tests check the padding and input copies with).
+        pool: the graph memory pool shared with the piecewise graphs; None: a new one.
     """
 
     def __init__(self, model, attn_backend, kv_caches, max_num_seqs: int, max_num_blocks: int,
-                 block_size: int, device: torch.device, capture: bool = True):
+                 block_size: int, device: torch.device, capture: bool = True, pool=None):
         t0 = time.perf_counter()
         self.sizes = decode_batch_sizes(max_num_seqs)
         # all rows padding: token 0, position 0, slot -1, seq_lens 0
@@ -61,7 +113,8 @@ class DecodeGraphs:
         self._model, self._backend, self._kv_caches = model, attn_backend, kv_caches
         if not capture:
             return
-        pool = torch.cuda.graph_pool_handle()
+        if pool is None:
+            pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for b in reversed(self.sizes):
                 # warm-up outside the capture (Triton compiles, cuBLAS picks its kernels), on a
@@ -131,3 +184,56 @@ class DecodeGraphs:
             return self._forward(b)
         self._graphs[b].replay()
         return self._hidden[b]
+
+
+def build_cuda_graphs(model, attn_backend, kv_caches, mode: CUDAGraphMode, max_num_seqs: int,
+                      max_num_blocks: int, block_size: int, capture_sizes: list[int], device: torch.device,
+                      capture: bool = True):
+    """The full decode graphs and the piecewise graphs that ``mode`` asks for, in one memory pool.
+
+    The set whose largest size is larger is captured first (each set captures from its largest
+    size down), so the pool takes its size from the largest capture and every later one reuses it.
+
+    Args:
+        mode: which graphs to build.
+        max_num_seqs, max_num_blocks, block_size: size the full decode graphs (:class:`DecodeGraphs`).
+        capture_sizes: the piecewise buckets (``weir.engine.piecewise_graphs``).
+        capture: False builds the buffers and runs every replay eagerly (CPU tests).
+
+    Returns:
+        ``(full, piecewise, summary)``: a :class:`DecodeGraphs` or None, a ``PiecewiseGraphs`` or
+        None, and one line saying what was captured, in how many seconds and how much device
+        memory it took (free memory before minus after: pool, static buffers, workspaces).
+    """
+    from weir.engine.piecewise_graphs import PiecewiseGraphs
+
+    t0 = time.perf_counter()
+    free_before = torch.cuda.mem_get_info(device)[0] if capture else 0
+    pool = torch.cuda.graph_pool_handle() if capture else None
+    full = piecewise = None
+
+    def build_full():
+        return DecodeGraphs(model, attn_backend, kv_caches, max_num_seqs, max_num_blocks, block_size, device,
+                            capture=capture, pool=pool)
+
+    def build_piecewise():
+        return PiecewiseGraphs(model, attn_backend, kv_caches, capture_sizes, device, pool=pool, capture=capture)
+
+    if mode.has_full and mode.has_piecewise and capture_sizes[-1] > max_num_seqs:
+        piecewise, full = build_piecewise(), build_full()
+    else:
+        full = build_full() if mode.has_full else None
+        piecewise = build_piecewise() if mode.has_piecewise else None
+    parts = []
+    if full is not None:
+        parts.append(f"{len(full.sizes)} full (batch sizes {full.sizes[0]}..{full.sizes[-1]})")
+    if piecewise is not None:
+        parts.append(f"{len(piecewise.sizes)}x{piecewise.num_pieces} piecewise "
+                     f"(token counts {piecewise.sizes[0]}..{piecewise.sizes[-1]})")
+    summary = f"{mode.value}: {' + '.join(parts) or 'none'} CUDA graphs"
+    if capture:
+        torch.cuda.synchronize(device)
+        used = free_before - torch.cuda.mem_get_info(device)[0]
+        summary += f" captured in {time.perf_counter() - t0:.1f} s, {used / (1 << 20):.0f} MiB"
+    logger.info("%s", summary)
+    return full, piecewise, summary

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from weir.engine.cuda_graphs import CUDAGraphMode
+
 DTYPE_ALIASES = {
     "auto": "auto",
     "half": "float16",
@@ -55,14 +57,24 @@ class EngineArgs:
         max_num_batched_tokens: token budget of one step.
         block_size: tokens per KV block.
         gpu_memory_utilization: on CUDA, the fraction of the memory left free after loading the
-            weights and profiling one full step's activations that the KV cache takes
-            (``weir.engine.gpu_memory``); the rest is headroom (CUDA graphs, workspaces).
+            weights, profiling one full step's activations and reserving the CUDA-graph pool that
+            the KV cache takes (``weir.engine.gpu_memory``); the rest is headroom (workspaces).
         cpu_kv_cache_bytes: KV-cache size on CPU, bytes.
         num_gpu_blocks_override: fix the number of KV blocks (any device).
         enable_prefix_caching: reuse cached full blocks of equal prefixes.
         seed: seed of the default sampling generator.
         skip_tokenizer_init: load no tokenizer (prompts must be token ids).
-        enforce_eager: on CUDA, run decode steps eagerly instead of replaying CUDA graphs.
+        enforce_eager: on CUDA, run every step eagerly (no CUDA graphs, whatever ``cudagraph_mode``).
+        cudagraph_mode: which steps replay CUDA graphs on CUDA (vLLM's names,
+            ``weir.engine.cuda_graphs.CUDAGraphMode``): ``FULL_AND_PIECEWISE`` (decode-only steps a
+            full graph, every other step that fits a bucket piecewise graphs), ``PIECEWISE``,
+            ``FULL_DECODE_ONLY`` or ``NONE``; case-insensitive, held upper-case.
+        cudagraph_capture_sizes: the piecewise buckets (token counts); default
+            ``weir.engine.piecewise_graphs.piecewise_capture_sizes``.
+        max_cudagraph_capture_size: the largest piecewise bucket (default 512, at most
+            ``max_num_batched_tokens``); steps with more tokens run eagerly.
+        measure_step_gpu_time: also time each step's forward with CUDA events, per graph mode
+            (``LLMEngine.stats()`` ``forward_gpu_time_s_*``).
         max_logprobs: most log-probabilities a request may ask for per position (``logprobs``,
             ``prompt_logprobs``); vLLM's default, 20.
     """
@@ -84,9 +96,17 @@ class EngineArgs:
     skip_tokenizer_init: bool = False
     enforce_eager: bool = False
     max_logprobs: int = 20
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    cudagraph_capture_sizes: Optional[list[int]] = None
+    max_cudagraph_capture_size: Optional[int] = None
+    measure_step_gpu_time: bool = False
 
     def __post_init__(self) -> None:
         self.dtype = normalize_dtype(self.dtype)
+        modes = [m.value for m in CUDAGraphMode]
+        if str(self.cudagraph_mode).upper() not in modes:
+            raise ValueError(f"cudagraph_mode={self.cudagraph_mode!r} is not one of {', '.join(modes)}")
+        self.cudagraph_mode = str(self.cudagraph_mode).upper()
         checks = {
             "max_num_seqs": self.max_num_seqs >= 1,
             "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
@@ -98,6 +118,9 @@ class EngineArgs:
             "load_format": self.load_format in LOAD_FORMATS,
             "device": self.device in DEVICES,
             "max_logprobs": self.max_logprobs >= 0,
+            "cudagraph_capture_sizes": self.cudagraph_capture_sizes is None or (
+                len(self.cudagraph_capture_sizes) > 0 and min(self.cudagraph_capture_sizes) >= 1),
+            "max_cudagraph_capture_size": self.max_cudagraph_capture_size is None or self.max_cudagraph_capture_size >= 1,
         }
         for name, ok in checks.items():
             if not ok:

@@ -20,6 +20,7 @@ import torch
 
 from weir.engine.block_pool import BlockPool
 from weir.engine.classification import Classification
+from weir.engine.cuda_graphs import CUDAGraphMode
 from weir.engine.engine_args import EngineArgs
 from weir.engine.kv_cache_manager import KVCacheManager
 from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_state_dict, load_tokenizer, resolve_model
@@ -28,6 +29,7 @@ from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.output_processor import DURATIONS, OutputProcessor
 from weir.engine.outputs import ClassificationOutput, RequestOutput
 from weir.engine.parallel_sampling import ParentRequest
+from weir.engine.piecewise_graphs import resolve_capture_sizes
 from weir.engine.request import Request, RequestStatus
 from weir.engine.sampling_params import SamplingParams
 from weir.engine.scheduler import Scheduler, SchedulerOutput, SchedulerUpdate
@@ -103,6 +105,8 @@ class LLMEngine:
             self.model.load_hf_state_dict(load_state_dict(src))
         self.model.to(self.device).eval()
 
+        self.cudagraph_capture_sizes = resolve_capture_sizes(
+            args.cudagraph_capture_sizes, args.max_cudagraph_capture_size, args.max_num_batched_tokens)
         self.num_blocks = self._num_kv_blocks()
         need = math.ceil(self.max_model_len / args.block_size)
         if need > self.num_blocks:
@@ -110,7 +114,8 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len} needs {need} KV blocks of {args.block_size} tokens "
                 f"but only {self.num_blocks} fit; lower max_model_len or give the cache more memory")
         self.runner = ModelRunner(self.model, self.num_blocks, args.block_size, self.device, self.dtype,
-                                  args.max_num_seqs, self.max_model_len, args.enforce_eager)
+                                  args.max_num_seqs, self.max_model_len, args.enforce_eager, args.cudagraph_mode,
+                                  self.cudagraph_capture_sizes, args.measure_step_gpu_time)
         self.block_pool = BlockPool(self.num_blocks, args.enable_prefix_caching)
         self.kv = KVCacheManager(self.block_pool, args.block_size, self.runner.copy_block,
                                  extra_key=self.model_name)
@@ -127,8 +132,9 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         logger.info("engine ready: model=%s device=%s dtype=%s num_gpu_blocks=%d block_size=%d "
-                    "max_model_len=%d (%.1f s)", self.model_name, self.device, self.dtype,
-                    self.num_blocks, args.block_size, self.max_model_len, time.time() - t0)
+                    "max_model_len=%d, %s (%.1f s)", self.model_name, self.device, self.dtype,
+                    self.num_blocks, args.block_size, self.max_model_len, self.runner.cudagraph_summary,
+                    time.time() - t0)
 
     def _num_kv_blocks(self) -> int:
         a = self.args
@@ -140,9 +146,19 @@ class LLMEngine:
 
             kv_cache_bytes = profile_kv_cache_bytes(
                 self.model, a.max_num_batched_tokens, a.max_num_seqs, self.max_model_len, a.block_size,
-                a.gpu_memory_utilization, self.device, self.dtype)
+                a.gpu_memory_utilization, self.device, self.dtype, self._cudagraph_num_tokens())
             return kv_cache_bytes // per_block
         return max(a.cpu_kv_cache_bytes // per_block, 1)
+
+    def _cudagraph_num_tokens(self) -> int:
+        """Tokens of the largest CUDA graph the runner will capture (0: none), which sizes the
+        memory the profile reserves for the graph pool."""
+        a = self.args
+        mode = CUDAGraphMode(a.cudagraph_mode)
+        if a.enforce_eager or self.dtype not in (torch.float16, torch.bfloat16):
+            return 0
+        full = a.max_num_seqs if mode.has_full else 0
+        return max(full, self.cudagraph_capture_sizes[-1] if mode.has_piecewise else 0)
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -403,7 +419,9 @@ class LLMEngine:
     def stats(self) -> dict:
         """Counters with vLLM's metric names (tokens unless stated), and per-request timings of
         the requests finished so far: for each of ``queue_time_s``, ``time_to_first_token_s``,
-        ``e2e_latency_s`` a dict with ``count``, ``sum`` and ``max`` (seconds)."""
+        ``e2e_latency_s`` a dict with ``count``, ``sum`` and ``max`` (seconds); and how the steps'
+        forwards ran (``num_steps_cudagraph_full``, ``num_tokens_cudagraph_piecewise``,
+        ``forward_host_time_s_eager``, ...: ``weir.engine.cudagraph_stats``)."""
         timings = {k: {"count": c, "sum": t, "max": mx} for k, (c, t, mx) in self._timings.items()}
         return {
             "num_requests_running": len(self.scheduler.running),
@@ -415,5 +433,6 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_generation_tokens": self.num_generation_tokens,
+            **self.runner.step_stats.as_dict(),
             **timings,
         }

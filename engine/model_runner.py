@@ -5,18 +5,21 @@ from __future__ import annotations
 import torch
 
 from weir.engine.attention import AttentionBackend, TorchAttentionBackend, select_attention_backend
+from weir.engine.cuda_graphs import FULL, PIECEWISE, CUDAGraphMode, build_cuda_graphs, dispatch
+from weir.engine.cudagraph_stats import CUDAGraphStats
 from weir.engine.sampler import SampleRow, sample, top_logprobs
 from weir.engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from weir.engine.step_inputs import build_step_inputs
 
 
 class ModelRunner:
-    """Owns the model's attention backend, the KV cache tensors and the decode CUDA graphs.
+    """Owns the model's attention backend, the KV cache tensors and the CUDA graphs.
 
     The KV cache is one tensor ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``.
     The attention backend is chosen once, here (``select_attention_backend``: Triton kernels on
     CUDA in fp16/bf16, the C kernel on CPU in float32, torch elsewhere); on the Triton backend
-    decode-only steps replay CUDA graphs captured here.
+    CUDA graphs are captured here, after the cache exists (``weir.engine.cuda_graphs``): full
+    graphs for decode-only steps, piecewise graphs for the other steps that fit a bucket.
 
     Args:
         model: a ``LlamaForCausalLM`` from ``weir.engine.models.llama``.
@@ -24,11 +27,15 @@ class ModelRunner:
         device, dtype: where and in what the cache lives.
         max_num_seqs, max_model_len: size the decode CUDA graphs (none are captured without them).
         enforce_eager: capture no CUDA graphs.
+        cudagraph_mode: a ``CUDAGraphMode`` value.
+        cudagraph_capture_sizes: the piecewise buckets (``resolve_capture_sizes``); None: none.
+        measure_step_gpu_time: time each forward with CUDA events too (``CUDAGraphStats``).
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype,
                  max_num_seqs: int | None = None, max_model_len: int | None = None,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, cudagraph_mode: str = "FULL_AND_PIECEWISE",
+                 cudagraph_capture_sizes: list[int] | None = None, measure_step_gpu_time: bool = False):
         cfg = model.config
         self.model = model
         self.device = device
@@ -39,15 +46,18 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
-        self.graphs = None
+        self.graphs = self.piecewise_graphs = None
+        self.cudagraph_summary = "no CUDA graphs"
+        self.step_stats = CUDAGraphStats(measure_step_gpu_time and device.type == "cuda")
         self.set_attention_backend(select_attention_backend(device, dtype))
+        mode = CUDAGraphMode(cudagraph_mode)
+        if not cudagraph_capture_sizes:
+            mode = CUDAGraphMode.FULL_DECODE_ONLY if mode.has_full else CUDAGraphMode.NONE
         if (self.attn_backend.name == "triton" and device.type == "cuda" and not enforce_eager
-                and max_num_seqs and max_model_len):
-            from weir.engine.cuda_graphs import DecodeGraphs
-
-            max_blocks = -(-max_model_len // block_size)
-            self.graphs = DecodeGraphs(model, self.attn_backend, self.kv_caches, max_num_seqs, max_blocks,
-                                       block_size, device)
+                and mode is not CUDAGraphMode.NONE and max_num_seqs and max_model_len):
+            self.graphs, self.piecewise_graphs, self.cudagraph_summary = build_cuda_graphs(
+                model, self.attn_backend, self.kv_caches, mode, max_num_seqs, -(-max_model_len // block_size),
+                block_size, cudagraph_capture_sizes, device)
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         """Run attention (and the model's other kernels, see ``model_kernels``) on ``backend``; set at
@@ -81,23 +91,30 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run every scheduled request's new tokens in one packed forward pass: one step-input
-        build, then a CUDA-graph replay (decode-only steps with graphs) or an eager forward.
+        build, then a full CUDA-graph replay (decode-only steps), piecewise graph replays (other
+        steps that fit a bucket) or an eager forward (:func:`weir.engine.cuda_graphs.dispatch`).
 
         Returns:
             Sampled tokens for requests whose tokens are all computed, and scoring log-probabilities.
         """
         num_reqs = len(sched.scheduled)
-        padded = None
-        if self.graphs is not None and num_reqs and sched.num_tokens == num_reqs:
-            padded = self.graphs.padded_size(num_reqs)
+        mode = dispatch(sched, self.graphs, self.piecewise_graphs)
+        padded = self.graphs.padded_size(num_reqs) if mode == FULL else None
         backend = self.attn_backend
         inputs = build_step_inputs(sched, self.block_size, self.device, backend.index_dtype,
                                    num_padded_decodes=padded)
-        if padded is not None:
+        started = self.step_stats.start()
+        if mode == FULL:
             hidden = self.graphs.replay(inputs)[:num_reqs]
+            num_rows = padded
+        elif mode == PIECEWISE:
+            hidden = self.piecewise_graphs.run(inputs)
+            num_rows = self.piecewise_graphs.padded_size(sched.num_tokens)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, backend,
                                 backend.build_metadata(inputs))
+            num_rows = sched.num_tokens
+        self.step_stats.record(mode, sched.num_tokens, num_rows - sched.num_tokens, started)
         return self._outputs(inputs.requests, hidden)
 
     def _outputs(self, ordered: list[ScheduledRequest], hidden: torch.Tensor) -> ModelRunnerOutput:

@@ -56,8 +56,13 @@ class EngineSettings(_WeirSettings):
     max_num_seqs: int = Field(64, gt=0)
     max_num_batched_tokens: int = Field(2048, gt=0)
     seed: int = 0
-    enforce_eager: bool = Field(False, description="on CUDA, run decode steps eagerly (no CUDA graphs)")
+    enforce_eager: bool = Field(False, description="on CUDA, run every step eagerly (no CUDA graphs)")
     max_logprobs: int = Field(20, ge=0, description="most log-probabilities a request may ask for per position")
+    cudagraph_mode: str = Field("FULL_AND_PIECEWISE", description="NONE, PIECEWISE, FULL_DECODE_ONLY, "
+                                "FULL_AND_PIECEWISE (vLLM's names)")
+    cudagraph_capture_sizes: Optional[list[int]] = Field(None, description="piecewise CUDA-graph token counts")
+    max_cudagraph_capture_size: Optional[int] = Field(None, gt=0, description="largest piecewise bucket (512)")
+    measure_step_gpu_time: bool = Field(False, description="time each step's forward with CUDA events")
 
     @field_validator("dtype")
     @classmethod

@@ -105,7 +105,19 @@ class LlamaDecoderLayer(nn.Module):
         embeddings, with ``residual`` None); ``residual``: the stream before it; ``positions``:
         ``[num_tokens]``; cos/sin: what ``self.rotary`` reads, each token's rows ``[num_tokens, 1,
         head_dim]`` (torch) or the whole tables ``[max_positions, head_dim]`` (kernel). Returns
-        ``(mlp_output, residual)``: their sum is the block's output, added inside the next norm."""
+        ``(mlp_output, residual)``: their sum is the block's output, added inside the next norm.
+
+        Three parts, which piecewise CUDA graphs (``weir.engine.piecewise_graphs``) cut at the
+        attention call: :meth:`pre_attention`, :meth:`attention`, :meth:`post_attention`."""
+        q, k, v, residual = self.pre_attention(x, residual, positions, cos, sin)
+        o = self.attention(q, k, v, key_cache, value_cache, attn_backend, attn_metadata)
+        return self.post_attention(o, residual)
+
+    def pre_attention(self, x, residual, positions, cos, sin):
+        """Input norm (after the residual add), q/k/v projection and rotary (``positions``, cos and
+        sin as in :meth:`forward`). Returns ``(q, k, v, residual)``: q ``[num_tokens, num_heads,
+        head_dim]``, k and v ``[num_tokens, num_kv_heads, head_dim]`` (views into the projection),
+        residual ``[num_tokens, hidden]``."""
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
@@ -120,8 +132,18 @@ class LlamaDecoderLayer(nn.Module):
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         q, k = qk[:, :nq], qk[:, nq:]
         v = qkv[:, (nq + nkv) * self.head_dim:].view(t, nkv, self.head_dim)
+        return q, k, v, residual
+
+    def attention(self, q, k, v, key_cache, value_cache, attn_backend, attn_metadata):
+        """Write the new keys/values to the cache, then attend. Returns
+        ``[num_tokens, num_heads, head_dim]``."""
         attn_backend.write_kv(k, v, key_cache, value_cache, attn_metadata)
-        o = attn_backend.forward(q, k, v, key_cache, value_cache, attn_metadata, self.scale)
+        return attn_backend.forward(q, k, v, key_cache, value_cache, attn_metadata, self.scale)
+
+    def post_attention(self, o, residual):
+        """o_proj, post-attention norm (after the residual add) and the SwiGLU MLP. ``o``:
+        ``[num_tokens, num_heads, head_dim]``. Returns ``(mlp_output, residual)``."""
+        t = o.shape[0]
         h, residual = self.post_attention_layernorm(self.o_proj(o.reshape(t, -1)), residual)
         return self.down_proj(self.act(self.gate_up_proj(h))), residual
 
@@ -196,17 +218,23 @@ class LlamaForCausalLM(nn.Module):
         Returns:
             ``[num_tokens, hidden_size]`` final hidden states (after the last norm).
         """
-        x = self.embed_tokens(input_ids)
-        if self.kernels_enabled:  # the rotary kernel reads each token's rows of the tables itself
-            cos, sin = self.cos_cache, self.sin_cache
-        else:
-            # cos/sin: [num_tokens, 1, head_dim], broadcast over heads
-            cos = self.cos_cache[positions].unsqueeze(1)
-            sin = self.sin_cache[positions].unsqueeze(1)
+        x, cos, sin = self.embed(input_ids, positions)
         residual = None
         for layer, (kc, vc) in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, positions, cos, sin, kc, vc, attn_backend, attn_metadata)
         return self.norm(x, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """Token embeddings ``[num_tokens, hidden_size]`` and what the layers' rotary reads: each
+        position's rows of the tables, cos and sin ``[num_tokens, 1, head_dim]``, or with the
+        kernels on the whole tables ``[max_positions, head_dim]`` (the rotary kernel gathers them)."""
+        x = self.embed_tokens(input_ids)
+        if self.kernels_enabled:
+            return x, self.cos_cache, self.sin_cache
+        # cos/sin: [num_tokens, 1, head_dim], broadcast over heads
+        cos = self.cos_cache[positions].unsqueeze(1)
+        sin = self.sin_cache[positions].unsqueeze(1)
+        return x, cos, sin
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` logits in fp32."""

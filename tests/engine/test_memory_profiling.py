@@ -39,3 +39,58 @@ def test_profiling_step_leaves_the_real_cache_untouched(tiny_llama_dir, backend)
                       device)
     assert toks.shape == (4,)
     assert torch.equal(runner.kv_cache, before)
+
+
+def test_kv_cache_leaves_room_for_the_cuda_graph_pool(monkeypatch):
+    """The cache gets gpu_memory_utilization of what is free after the weights, one full step's
+    activation peak and the graph reserve: the peak of a forward of the largest graph's tokens
+    (device counters faked: 1 GiB free, 100 bytes of weights, 1,000 bytes of peak per token)."""
+    import weir.engine.gpu_memory as gm
+
+    profiled = []
+    state = {"allocated": 100, "peak": 100}
+
+    def fake_dummy_step(model, backend, kv_caches, num_tokens, num_sampled, *args):
+        profiled.append((num_tokens, num_sampled))
+        state["peak"] = state["allocated"] + 1000 * num_tokens
+
+    cuda = torch.cuda
+    monkeypatch.setattr(gm, "dummy_step", fake_dummy_step)
+    monkeypatch.setattr(gm, "select_attention_backend", lambda device, dtype: None)
+    for name, fn in {"synchronize": lambda device=None: None, "empty_cache": lambda: None,
+                     "mem_get_info": lambda device=None: (1 << 30, 2 << 30),
+                     "memory_allocated": lambda device=None: state["allocated"],
+                     "max_memory_allocated": lambda device=None: state["peak"],
+                     "reset_peak_memory_stats": lambda device=None: state.update(peak=state["allocated"])}.items():
+        monkeypatch.setattr(cuda, name, fn)
+    monkeypatch.setattr(torch, "zeros", lambda *shape, **kw: torch.empty(2))
+
+    class Model:
+        config = type("Config", (), dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                         num_hidden_layers=2, head_dim=16))
+
+    args = (Model(), 2048, 64, 1024, 16, 0.5, torch.device("cuda"), torch.bfloat16)
+    assert gm.profile_kv_cache_bytes(*args) == int(0.5 * ((1 << 30) - 1000 * 2048))
+    assert profiled == [(2048, 64)]
+    profiled.clear()
+    assert gm.profile_kv_cache_bytes(*args, cudagraph_num_tokens=512) == int(0.5 * ((1 << 30) - 1000 * (2048 + 512)))
+    assert profiled == [(512, 1), (2048, 64)]
+
+
+@pytest.mark.parametrize("mode, eager, dtype, want", [
+    ("FULL_AND_PIECEWISE", False, "bfloat16", 512), ("FULL_DECODE_ONLY", False, "bfloat16", 64),
+    ("PIECEWISE", False, "float16", 512), ("NONE", False, "bfloat16", 0),
+    ("FULL_AND_PIECEWISE", True, "bfloat16", 0), ("FULL_AND_PIECEWISE", False, "float32", 0)])
+def test_graph_reserve_sized_by_the_largest_graph(mode, eager, dtype, want):
+    """Tokens of the largest graph the runner captures on CUDA: the piecewise bucket (512 of
+    2048 batched tokens) or the full decode batch (max_num_seqs 64); none eager or in float32
+    (the torch backend: no graphs)."""
+    from weir.engine.engine_args import EngineArgs
+    from weir.engine.llm_engine import LLMEngine
+    from weir.engine.piecewise_graphs import resolve_capture_sizes
+
+    engine = LLMEngine.__new__(LLMEngine)
+    engine.args = EngineArgs(cudagraph_mode=mode, enforce_eager=eager, dtype=dtype, max_num_seqs=64)
+    engine.dtype = getattr(torch, dtype)
+    engine.cudagraph_capture_sizes = resolve_capture_sizes(None, None, 2048)
+    assert engine._cudagraph_num_tokens() == want

@@ -88,3 +88,33 @@ def test_padded_decode_batches_equal_transformers(tiny_llama_dir, expected, monk
     monkeypatch.setattr(runner.graphs, "replay", lambda step: replayed.append(step.num_reqs) or replay(step))
     assert [o.outputs[0].token_ids for o in llm.generate(ps[:3], GREEDY)] == want[:3]
     assert 4 in replayed  # the padded batch of 3 decodes ran through the static inputs
+
+
+def test_piecewise_and_full_graphs_equal_transformers_and_count_each_mode(tiny_llama_dir, tiny_hf_model):
+    """FULL_AND_PIECEWISE dispatch through the engine (graphs replayed eagerly): with a budget of
+    12 tokens, full graphs up to 2 decodes and piecewise buckets up to 8 tokens, the steps are
+    1. prompt 0 (5) + 7 of prompt 1's 9 tokens = 12 tokens: above every bucket, eager;
+    2. a decode + prompt 1's last 2 + prompt 2 (3) = 6 tokens: piecewise, bucket 8;
+    3. three decodes: more than the full graphs take, piecewise, bucket 4;
+    4. two decodes (request 0 is done): full, batch size 2."""
+    from weir.engine.cuda_graphs import CUDAGraphMode, build_cuda_graphs
+
+    ps = [[5, 6, 7, 8, 9], list(range(10, 19)), [20, 21, 22]]
+    params = SamplingParams(temperature=0, max_tokens=3)
+    want = [hf_greedy(tiny_hf_model, p, params.max_tokens, eos_token_id=2) for p in ps]
+    llm = kernel_llm(tiny_llama_dir, max_num_seqs=4, max_num_batched_tokens=12)
+    runner = llm.llm_engine.runner
+    runner.graphs, runner.piecewise_graphs, _ = build_cuda_graphs(
+        llm.llm_engine.model, runner.attn_backend, runner.kv_caches, CUDAGraphMode.FULL_AND_PIECEWISE, 2, 16, 16,
+        [1, 2, 4, 8], torch.device("cpu"), capture=False)
+    assert [o.outputs[0].token_ids for o in llm.generate(ps, params)] == want
+    stats = llm.llm_engine.stats()
+    counts = {k: v for k, v in stats.items() if k.startswith("num_") and k.endswith(("_full", "_piecewise", "_eager"))}
+    assert counts == {
+        "num_steps_cudagraph_full": 1, "num_tokens_cudagraph_full": 2, "num_padding_tokens_cudagraph_full": 0,
+        "num_steps_cudagraph_piecewise": 2, "num_tokens_cudagraph_piecewise": 9,
+        "num_padding_tokens_cudagraph_piecewise": 3,
+        "num_steps_eager": 1, "num_tokens_eager": 12, "num_padding_tokens_eager": 0,
+    }
+    assert all(stats[f"forward_host_time_s_{m}"] > 0 for m in ("cudagraph_full", "cudagraph_piecewise", "eager"))
+    assert not any(k.startswith("forward_gpu_time_s") for k in stats)  # CUDA events only when asked, on CUDA
