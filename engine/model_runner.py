@@ -5,13 +5,15 @@ from __future__ import annotations
 import torch
 
 from weir.engine.attention import AttentionBackend, TorchAttentionBackend, select_attention_backend
+from weir.engine.input_batch import InputBatch
 from weir.engine.sampler import SampleRow, sample, top_logprobs
 from weir.engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from weir.engine.step_inputs import build_step_inputs
 
 
 class ModelRunner:
-    """Owns the model's attention backend, the KV cache tensors and the decode CUDA graphs.
+    """Owns the model's attention backend, the KV cache tensors, the persistent batch (each
+    scheduled request's block-table row, kept across steps) and the decode CUDA graphs.
 
     The KV cache is one tensor ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``.
     The attention backend is chosen once, here (``select_attention_backend``: Triton kernels on
@@ -22,7 +24,8 @@ class ModelRunner:
         model: a ``LlamaForCausalLM`` from ``weir.engine.models.llama``.
         num_blocks, block_size: cache geometry.
         device, dtype: where and in what the cache lives.
-        max_num_seqs, max_model_len: size the decode CUDA graphs (none are captured without them).
+        max_num_seqs, max_model_len: size the persistent batch (it grows past them if needed) and
+            the decode CUDA graphs (none are captured without them).
         enforce_eager: capture no CUDA graphs.
     """
 
@@ -39,6 +42,7 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
+        self.input_batch = InputBatch(max_num_seqs or 1, -(-(max_model_len or block_size) // block_size), device)
         self.graphs = None
         self.set_attention_backend(select_attention_backend(device, dtype))
         if (self.attn_backend.name == "triton" and device.type == "cuda" and not enforce_eager
@@ -81,7 +85,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run every scheduled request's new tokens in one packed forward pass: one step-input
-        build, then a CUDA-graph replay (decode-only steps with graphs) or an eager forward.
+        build over the persistent batch, then a CUDA-graph replay (decode-only steps with graphs)
+        or an eager forward.
 
         Returns:
             Sampled tokens for requests whose tokens are all computed, and scoring log-probabilities.
@@ -92,7 +97,7 @@ class ModelRunner:
             padded = self.graphs.padded_size(num_reqs)
         backend = self.attn_backend
         inputs = build_step_inputs(sched, self.block_size, self.device, backend.index_dtype,
-                                   num_padded_decodes=padded)
+                                   num_padded_decodes=padded, input_batch=self.input_batch)
         if padded is not None:
             hidden = self.graphs.replay(inputs)[:num_reqs]
         else:
