@@ -101,8 +101,9 @@ class BlockTable:
         if self.block_table_device is self.block_table_cpu:
             return
         self.block_table_device[lo:hi].copy_(self.block_table_cpu[lo:hi], non_blocking=True)
-        self._copy_done = torch.cuda.Event()
-        self._copy_done.record()
+        if self.device.type == "cuda":
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
 
     def gather(self, rows: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
         """The step's block table: row ``rows[i]``'s first ``width`` ids, on the device.
