@@ -40,15 +40,16 @@ BLOCK_SIZE = 16
 CHUNK = 256
 
 
-def _import_tree(tree: str) -> None:
-    """Make ``import weir`` load the folders of ``tree`` (the setuptools mapping, by symlinks)."""
+def _shim(tree: str) -> str:
+    """A folder where ``import weir`` finds the folders of ``tree`` (the setuptools mapping, by
+    symlinks)."""
     shim = tempfile.mkdtemp(prefix="weir-shim-")
     pkg = os.path.join(shim, "weir")
     os.mkdir(pkg)
     os.symlink(os.path.join(tree, "weir", "__init__.py"), os.path.join(pkg, "__init__.py"))
     for name in FOLDERS:
         os.symlink(os.path.join(tree, name), os.path.join(pkg, name))
-    sys.path.insert(0, shim)
+    return shim
 
 
 def _measure(batch: int, context: int, steps: int, warmup: int, mixed: bool) -> dict[str, float]:
@@ -112,7 +113,9 @@ def _measure(batch: int, context: int, steps: int, warmup: int, mixed: bool) -> 
 
 
 def _worker(args) -> None:
-    _import_tree(args.tree)
+    import weir.engine
+
+    assert os.path.realpath(weir.engine.__file__).startswith(os.path.realpath(args.tree)), weir.engine.__file__
     for context in args.contexts:
         for kind in ("decode", "mixed"):
             row = _measure(args.batch, context, args.steps, args.warmup, kind == "mixed")
@@ -140,13 +143,20 @@ def main() -> None:
         _worker(args)
         return
     trees = {"before": _export(args.before), "after": REPO_ROOT}
+    shims = {name: _shim(tree) for name, tree in trees.items()}
+    site_dirs = [p for p in sys.path if "-packages" in p]
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     for _ in range(args.repeats):
         for name, tree in trees.items():
-            cmd = [sys.executable, os.path.abspath(__file__), "--tree", tree, "--batch", str(args.batch),
+            # -S: no site hooks, so no editable install can map weir.* onto another tree
+            cmd = [sys.executable, "-S", os.path.abspath(__file__), "--tree", tree, "--batch", str(args.batch),
                    "--contexts", ",".join(map(str, args.contexts)), "--steps", str(args.steps),
                    "--warmup", str(args.warmup)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([shims[name], *site_dirs])}
+            done = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir(), env=env)
+            if done.returncode:
+                sys.exit(f"{name} run failed:\n{done.stderr}")
+            out = done.stdout
             runs[name].append({(r["context"], r["step"]): r for r in map(json.loads, out.splitlines())})
     print(f"host ms per step, batch {args.batch}, median of {args.steps} steps "
           f"(median of {args.repeats} alternating runs); before = {args.before}")

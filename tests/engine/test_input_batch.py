@@ -163,9 +163,10 @@ def test_a_steps_block_table_is_not_changed_by_later_steps():
     batch = InputBatch(1, 2, CPU)
     r = Request("r", list(range(5)), SamplingParams(temperature=0))
     r.block_table = [3, 4]
-    first = build_step_inputs(SchedulerOutput([ScheduledRequest(r, 5)]), BS, CPU, torch.int64, input_batch=batch)
+    # int32, the table's own dtype: no conversion copy could hide an alias of the persistent rows
+    first = build_step_inputs(SchedulerOutput([ScheduledRequest(r, 5)]), BS, CPU, torch.int32, input_batch=batch)
     r.block_table = [1, 2]
-    build_step_inputs(SchedulerOutput([ScheduledRequest(r, 5)]), BS, CPU, torch.int64, input_batch=batch)
+    build_step_inputs(SchedulerOutput([ScheduledRequest(r, 5)]), BS, CPU, torch.int32, input_batch=batch)
     assert first.block_table.tolist() == [[3, 4]] and first.slot_mapping.tolist() == [12, 13, 14, 15, 16]
 
 
