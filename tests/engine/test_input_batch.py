@@ -143,20 +143,30 @@ def test_a_step_appends_only_the_new_block_ids_to_a_row():
     assert table[row].tolist() == [3, 4, 6, 0]
 
 
-def test_commit_copies_only_the_span_of_changed_rows():
-    table = BlockTable(4, 3, CPU)
+def test_commit_copies_the_span_of_changed_rows_or_only_those_rows(monkeypatch):
+    import weir.engine.input_batch as input_batch
+
+    table = BlockTable(8, 3, CPU)
     table.block_table_device = torch.full_like(table.block_table_cpu, -7)  # stands in for device memory
     table.add_row(1, [5, 6])
     table.add_row(2, [8])
+    assert table.changed_rows == [1, 2]
     table.commit()
-    assert table.block_table_device.tolist() == [[-7] * 3, [5, 6, 0], [8, 0, 0], [-7] * 3, [-7] * 3]
+    assert table.block_table_device[:4].tolist() == [[-7] * 3, [5, 6, 0], [8, 0, 0], [-7] * 3]
     table.append_row(2, [9])
     table.commit()
     table.commit()  # nothing changed since: no copy
-    assert table.block_table_device[2].tolist() == [8, 9, 0]
-    rows = torch.tensor([2, table.zero_row, 1])
+    assert table.block_table_device[2].tolist() == [8, 9, 0] and table.changed_rows == []
+    # rows 0 and 5 changed, a span of 6 rows: over the span limit only the two rows travel
+    monkeypatch.setattr(input_batch, "SPAN_COPY_MAX_BYTES", 0)
+    table.block_table_device[:] = -7
+    table.add_row(0, [1])
+    table.add_row(5, [2, 3, 4])
+    table.commit()
+    assert table.block_table_device[:6].tolist() == [[1, 0, 0]] + [[-7] * 3] * 4 + [[2, 3, 4]]
     table.block_table_device[table.zero_row] = 0
-    assert table.gather(rows, 2, torch.int64).tolist() == [[8, 9], [0, 0], [5, 6]]
+    rows = torch.tensor([5, table.zero_row, 0])
+    assert table.gather(rows, 2, torch.int64).tolist() == [[2, 3], [0, 0], [1, 0]]
 
 
 def test_a_steps_block_table_is_not_changed_by_later_steps():
