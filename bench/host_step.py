@@ -5,7 +5,8 @@ Usage::
     python -m bench.host_step [--batch 256] [--contexts 400,2000] [--steps 60] [--before 95ed8dc]
 
 The real ``Scheduler``, ``KVCacheManager`` and ``BlockPool`` (block size 16, prefix caching on) run
-``--batch`` requests whose prompts of ``context`` random tokens were prefilled before timing starts;
+``--batch`` requests whose prompts of ``context`` to ``context + 15`` random tokens (request ``i``
+has ``i % 16`` extra, so rows gain blocks at different steps) were prefilled before timing starts;
 a stub stands in for the forward pass and samples token 7 for every request. Two steps are timed:
 
 - ``decode``: every running request decodes one token (the ``--batch`` rows of a decode step).
@@ -71,24 +72,34 @@ def _measure(batch: int, context: int, steps: int, warmup: int, mixed: bool) -> 
         InputBatch = None
 
     num_steps = steps + warmup
-    max_model_len = context + num_steps + 2 * BLOCK_SIZE
+    max_model_len = context + num_steps + 3 * BLOCK_SIZE
     blocks_per_req = -(-max_model_len // BLOCK_SIZE)
     kv = KVCacheManager(BlockPool(blocks_per_req * (batch + 2)), BLOCK_SIZE, lambda src, dst: None)
-    sched_ = Scheduler(kv, batch + 1 if mixed else batch, batch * context, max_model_len)
+    sched_ = Scheduler(kv, batch + 1 if mixed else batch, batch * (context + BLOCK_SIZE), max_model_len)
     rng = random.Random(0)
 
-    def prompt() -> list[int]:
-        return [rng.randrange(3, 32000) for _ in range(context)]
+    def prompt(i: int = 0) -> list[int]:  # i % 16 more tokens: rows cross block boundaries at different steps
+        return [rng.randrange(3, 32000) for _ in range(context + i % BLOCK_SIZE)]
 
     decode_params = SamplingParams(temperature=0, max_tokens=num_steps + 2, ignore_eos=True)
     for i in range(batch):
-        sched_.add_request(Request(f"r{i}", prompt(), decode_params))
+        sched_.add_request(Request(f"r{i}", prompt(i), decode_params))
     s = sched_.schedule()  # every prompt prefilled in one untimed step
     sched_.update(s, ModelRunnerOutput(sampled={x.request.request_id: 7 for x in s.scheduled}))
     sched_.max_num_batched_tokens = batch + CHUNK if mixed else batch
     batch_rows = InputBatch(batch + 1, blocks_per_req, torch.device("cpu")) if InputBatch else None
     chunked_params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     times = {p: [] for p in PARTS}
+    copies: list[tuple[int, int]] = []  # per step: (rows changed, rows in their span)
+    if batch_rows is not None:
+        table, commit = batch_rows.block_table, batch_rows.block_table.commit
+
+        def counted_commit():
+            rows = table.changed_rows
+            copies.append((len(rows), rows[-1] - rows[0] + 1 if rows else 0))
+            commit()
+
+        table.commit = counted_commit
     for step in range(num_steps):
         if mixed and not sched_.waiting and len(sched_.running) == batch:
             sched_.add_request(Request(f"p{step}", prompt(), chunked_params))
@@ -109,7 +120,12 @@ def _measure(batch: int, context: int, steps: int, warmup: int, mixed: bool) -> 
         if step >= warmup:
             for part, dt in zip(PARTS, (t1 - t0, t2 - t1, t4 - t3, (t2 - t0) + (t4 - t3))):
                 times[part].append(dt * 1e3)
-    return {p: statistics.median(v) for p, v in times.items()}
+    out = {p: statistics.median(v) for p, v in times.items()}
+    if copies:
+        timed = copies[warmup:]
+        out["rows_changed"] = statistics.mean(c for c, _ in timed)
+        out["rows_spanned"] = statistics.mean(s for _, s in timed)
+    return out
 
 
 def _worker(args) -> None:
@@ -165,6 +181,10 @@ def main() -> None:
         fig = {name: {p: statistics.median(run[key][p] for run in rs) for p in PARTS} for name, rs in runs.items()}
         cells = " ".join(f"{fig['before'][p]:>8.3f}/{fig['after'][p]:<8.3f}" for p in PARTS)
         print(f"{key[0]:>7} {key[1]:<6} {cells} {fig['before']['total'] / fig['after']['total']:>5.1f}x")
+    print("after: block-table rows written per step (mean): changed / span from first to last changed")
+    for key, row in runs["after"][0].items():
+        if "rows_changed" in row:
+            print(f"{key[0]:>7} {key[1]:<6} {row['rows_changed']:>6.1f} / {row['rows_spanned']:.1f}")
 
 
 if __name__ == "__main__":

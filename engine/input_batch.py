@@ -17,6 +17,7 @@ import torch
 # a scatter kernel). Not measured on a GPU: 256 KiB is ~5-10 us at 25-50 GB/s, about the host cost
 # of the two extra launches.
 SPAN_COPY_MAX_BYTES = 256 << 10
+_NUMPY_DTYPES = {torch.int32: np.int32, torch.int64: np.int64}
 
 
 class BlockTable:
@@ -141,6 +142,10 @@ class BlockTable:
         Returns:
             A new ``[num_reqs, width]`` tensor (a later step's copies never change it).
         """
+        if self.block_table_device is self.block_table_cpu:
+            # host memory: numpy, single-threaded (torch's intra-op threads cost more than this copy)
+            out = np.take(self.block_table_np[:, :width], rows.numpy(), axis=0)
+            return torch.from_numpy(out if out.dtype == _NUMPY_DTYPES[dtype] else out.astype(_NUMPY_DTYPES[dtype]))
         out = torch.index_select(self.block_table_device[:, :width], 0, rows)
         return out if out.dtype == dtype else out.to(dtype)
 

@@ -24,9 +24,6 @@ import torch
 from weir.engine.input_batch import InputBatch
 from weir.engine.scheduler import ScheduledRequest, SchedulerOutput
 
-_NUMPY_DTYPES = {torch.int32: np.int32, torch.int64: np.int64}
-
-
 @dataclass
 class StepInputs:
     """Device inputs of one step. ``num_reqs`` rows: the scheduled requests in packed order, then
