@@ -197,7 +197,8 @@ class InputBatch:
         """
         self.block_table.wait_for_copy()
         self._step += 1
-        step, row_of, tables, num_blocks, last = self._step, self._row_of, self._tables, self._num_blocks, self._last_step
+        step, row_of, tables = self._step, self._row_of, self._tables
+        num_blocks, last = self._num_blocks, self._last_step
         rows: list[int] = []
         new: list[int] = []
         for i, r in enumerate(reqs):
