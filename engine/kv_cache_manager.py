@@ -35,6 +35,8 @@ class KVCacheManager:
         self.copy_block = copy_block
         self.extra_key = extra_key
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        # request id -> how many of its leading blocks were offered to the prefix cache
+        self.num_cached_block: dict[str, int] = {}
         self.num_queries_tokens = 0
         self.num_hit_tokens = 0
         self._uncommitted: list[KVCacheBlock] = []  # blocks whose hash this step registered
@@ -82,35 +84,48 @@ class KVCacheManager:
                        new_computed_blocks: Optional[list[KVCacheBlock]] = None) -> bool:
         """Make room for ``num_new_tokens`` more tokens of ``req`` (after any prefix-hit blocks).
 
+        Appends the ids of the blocks it adds to ``req.block_table`` (the same list object for as
+        long as the request holds blocks: :class:`~weir.engine.input_batch.InputBatch` copies only
+        the new tail). Costs O(blocks added) per call, whatever the request's context length.
+
         Returns:
             False, changing nothing, when the pool lacks free blocks; True otherwise.
         """
-        new_computed_blocks = new_computed_blocks or []
-        blocks = self.req_blocks.setdefault(req.request_id, [])
-        num_total = req.num_computed_tokens + len(new_computed_blocks) * self.block_size + num_new_tokens
-        num_new_blocks = self.num_blocks_needed(num_total) - len(blocks) - len(new_computed_blocks)
+        bs = self.block_size
+        num_hits = len(new_computed_blocks) if new_computed_blocks else 0
+        num_total = req.num_computed_tokens + num_hits * bs + num_new_tokens
+        num_new_blocks = -(-num_total // bs) - len(req.block_table) - num_hits
+        if num_new_blocks > 0 or num_hits:
+            if not self._add_blocks(req, num_new_blocks, new_computed_blocks or []):
+                return False
+        if self.pool.enable_caching and num_total // bs > self.num_cached_block.get(req.request_id, 0):
+            self._cache_full_blocks(req, num_total)
+        return True
+
+    def _add_blocks(self, req: Request, num_new_blocks: int, hits: list[KVCacheBlock]) -> bool:
         # hit blocks that are free now stop counting as free once touched
-        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        num_evictable_hits = sum(1 for b in hits if b.ref_cnt == 0)
         if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
             return False
-        self.pool.touch(new_computed_blocks)
-        blocks.extend(new_computed_blocks)
-        if num_new_blocks > 0:
-            blocks.extend(self.pool.get_new_blocks(num_new_blocks))
-        req.block_table = [b.block_id for b in blocks]
-        self._cache_full_blocks(req, num_total)
+        blocks = self.req_blocks.setdefault(req.request_id, [])
+        self.pool.touch(hits)
+        added = hits + self.pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else hits
+        blocks.extend(added)
+        req.block_table.extend(b.block_id for b in added)
         return True
 
     def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
         # blocks full once this step's tokens are written; a same-step reader is safe because
-        # every layer writes the whole step's keys/values before any attention reads them
-        if not self.pool.enable_caching:
-            return
+        # every layer writes the whole step's keys/values before any attention reads them.
+        # Blocks below num_cached_block were offered to the pool by an earlier call already.
         self._update_block_hashes(req)
         blocks = self.req_blocks[req.request_id]
-        for i in range(min(num_tokens // self.block_size, len(req.block_hashes))):
+        start = self.num_cached_block.get(req.request_id, 0)
+        end = min(num_tokens // self.block_size, len(req.block_hashes))
+        for i in range(start, end):
             if self.pool.cache_full_block(blocks[i], req.block_hashes[i]):
                 self._uncommitted.append(blocks[i])
+        self.num_cached_block[req.request_id] = max(start, end)
 
     def commit_cached_blocks(self) -> None:
         """The step ran: every hash registered for it now describes written keys/values."""
@@ -152,6 +167,7 @@ class KVCacheManager:
             self.copy_block(src[num_full].block_id, new.block_id)
             blocks.append(new)
         self.req_blocks[child.request_id] = blocks
+        self.num_cached_block.pop(child.request_id, None)  # its first allocation offers them again
         child.block_table = [b.block_id for b in blocks]
         child.num_computed_tokens = n
         child.block_hashes = list(parent.block_hashes[:num_full])
@@ -160,5 +176,6 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Return every block of ``req`` (tail first, so the chain's tail is evicted first)."""
         blocks = self.req_blocks.pop(req.request_id, [])
+        self.num_cached_block.pop(req.request_id, None)
         self.pool.free_blocks(list(reversed(blocks)))
         req.block_table = []

@@ -7,13 +7,15 @@ import torch
 from weir.engine.attention import AttentionBackend, TorchAttentionBackend, select_attention_backend
 from weir.engine.cuda_graphs import FULL, PIECEWISE, CUDAGraphMode, build_cuda_graphs, dispatch
 from weir.engine.cudagraph_stats import CUDAGraphStats
+from weir.engine.input_batch import InputBatch
 from weir.engine.sampler import SampleRow, sample, top_logprobs
 from weir.engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from weir.engine.step_inputs import build_step_inputs
 
 
 class ModelRunner:
-    """Owns the model's attention backend, the KV cache tensors and the CUDA graphs.
+    """Owns the model's attention backend, the KV cache tensors, the persistent batch (each
+    scheduled request's block-table row, kept across steps) and the CUDA graphs.
 
     The KV cache is one tensor ``[num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]``.
     The attention backend is chosen once, here (``select_attention_backend``: Triton kernels on
@@ -25,7 +27,8 @@ class ModelRunner:
         model: a ``LlamaForCausalLM`` from ``weir.engine.models.llama``.
         num_blocks, block_size: cache geometry.
         device, dtype: where and in what the cache lives.
-        max_num_seqs, max_model_len: size the decode CUDA graphs (none are captured without them).
+        max_num_seqs, max_model_len: size the persistent batch (it grows past them if needed) and
+            the decode CUDA graphs (none are captured without them).
         enforce_eager: capture no CUDA graphs.
         cudagraph_mode: a ``CUDAGraphMode`` value.
         cudagraph_capture_sizes: the piecewise buckets (``resolve_capture_sizes``); None: none.
@@ -49,6 +52,7 @@ class ModelRunner:
         self.graphs = self.piecewise_graphs = None
         self.cudagraph_summary = "no CUDA graphs"
         self.step_stats = CUDAGraphStats(measure_step_gpu_time and device.type == "cuda")
+        self.input_batch = InputBatch(max_num_seqs or 1, -(-(max_model_len or block_size) // block_size), device)
         self.set_attention_backend(select_attention_backend(device, dtype))
         mode = CUDAGraphMode(cudagraph_mode)
         if not cudagraph_capture_sizes:
@@ -91,8 +95,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run every scheduled request's new tokens in one packed forward pass: one step-input
-        build, then a full CUDA-graph replay (decode-only steps), piecewise graph replays (other
-        steps that fit a bucket) or an eager forward (:func:`weir.engine.cuda_graphs.dispatch`).
+        build over the persistent batch, then a full CUDA-graph replay (decode-only steps),
+        piecewise graph replays (other steps that fit a bucket) or an eager forward
+        (:func:`weir.engine.cuda_graphs.dispatch`).
 
         Returns:
             Sampled tokens for requests whose tokens are all computed, and scoring log-probabilities.
@@ -102,7 +107,7 @@ class ModelRunner:
         padded = self.graphs.padded_size(num_reqs) if mode == FULL else None
         backend = self.attn_backend
         inputs = build_step_inputs(sched, self.block_size, self.device, backend.index_dtype,
-                                   num_padded_decodes=padded)
+                                   num_padded_decodes=padded, input_batch=self.input_batch)
         started = self.step_stats.start()
         if mode == FULL:
             hidden = self.graphs.replay(inputs)[:num_reqs]

@@ -54,7 +54,9 @@ class Request:
 
     Owns its token ids (prompt then output), ``num_computed_tokens`` (tokens whose keys/values
     are in the cache), its ``block_table`` (KV block ids covering those tokens, in order) and its
-    status. ``num_cached_tokens`` (prompt tokens found in the prefix cache) is None until it is
+    status. ``block_table`` is only appended to while the request holds blocks; freeing or forking
+    gives it a new list (the persistent batch copies a longer list's tail and rewrites its row for
+    a new list, see :class:`~weir.engine.input_batch.InputBatch`). ``num_cached_tokens`` (prompt tokens found in the prefix cache) is None until it is
     first scheduled. A *scoring* request (``scoring`` set) generates nothing: see
     :class:`ScoringTask`.
     """

@@ -21,7 +21,7 @@ from weir.engine.kv_cache_manager import KVCacheManager
 from weir.engine.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     request: Request
     num_new_tokens: int
@@ -161,8 +161,8 @@ class Scheduler:
                 out.sampled.append(req)
             if req.is_finished:
                 out.finished.append(req)
-        for req in out.finished:
-            self.running.remove(req)
+        if out.finished:  # one pass over running, not one list.remove per finished request
+            self.running[:] = [r for r in self.running if not r.is_finished]
         return out
 
     def free(self, reqs: list[Request]) -> None:

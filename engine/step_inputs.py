@@ -2,9 +2,13 @@
 
 One builder turns a :class:`SchedulerOutput` into :class:`StepInputs`, whose fields are named as
 vLLM's ``CommonAttentionMetadata`` names them; each attention backend (``weir.engine.attention``)
-derives what else it needs from them. The step's integer fields are built as Python lists, packed
-into one host tensor (pinned on CUDA) and moved with one non-blocking copy; the fields are views of
-that single device tensor, so building a step never waits for the GPU.
+derives what else it needs from them. The step's per-token and per-request integers are computed
+with numpy from a few per-request numbers (after vLLM V1's ``_prepare_inputs``), packed into one
+host tensor (pinned on CUDA) and moved with one non-blocking copy; those fields are views of that
+single device tensor. The block table comes from the persistent
+:class:`~weir.engine.input_batch.InputBatch`: each step copies only its changed rows to the device
+and gathers the step's rows there, so building a step never waits for the GPU and costs the same
+whatever the requests' context lengths.
 
 Packed order, the same for every backend: decodes first (one new token each), then prefill chunks
 over a cached prefix, shortest first, then fresh prompt chunks (nothing cached before them).
@@ -14,10 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
+from weir.engine.input_batch import InputBatch
 from weir.engine.scheduler import ScheduledRequest, SchedulerOutput
-
 
 @dataclass
 class StepInputs:
@@ -80,16 +85,21 @@ class StepInputs:
 def packed_order(sched: SchedulerOutput) -> list[ScheduledRequest]:
     """Decodes, then chunks over a cached prefix (shortest first, ties in schedule order), then
     fresh prompt chunks."""
-    decodes = [s for s in sched.scheduled if s.num_new_tokens == 1]
-    prefills = [s for s in sched.scheduled if s.num_new_tokens > 1]
-    with_prefix = sorted((s for s in prefills if s.request.num_computed_tokens), key=lambda s: s.num_new_tokens)
-    fresh = [s for s in prefills if not s.request.num_computed_tokens]
+    decodes, with_prefix, fresh = [], [], []
+    for s in sched.scheduled:
+        if s.num_new_tokens == 1:
+            decodes.append(s)
+        elif s.request.num_computed_tokens:
+            with_prefix.append(s)
+        else:
+            fresh.append(s)
+    with_prefix.sort(key=lambda s: s.num_new_tokens)  # stable: ties keep schedule order
     return decodes + with_prefix + fresh
 
 
 def build_step_inputs(sched: SchedulerOutput, block_size: int, device: torch.device, index_dtype: torch.dtype,
                       num_padded_decodes: int | None = None, write_kv: bool = True,
-                      block_table_width: int | None = None) -> StepInputs:
+                      block_table_width: int | None = None, input_batch: InputBatch | None = None) -> StepInputs:
     """Pack one step in :func:`packed_order`.
 
     Args:
@@ -103,6 +113,9 @@ def build_step_inputs(sched: SchedulerOutput, block_size: int, device: torch.dev
             the cache as it is).
         block_table_width: at least this many ``block_table`` columns (the static buffers of the
             CUDA graphs, sized for ``max_model_len``).
+        input_batch: the persistent batch of the model runner, updated with this step's requests
+            (each step then costs O(requests + blocks added)); None builds a one-step batch, whose
+            rows cost O(blocks held).
 
     Returns:
         The step's :class:`StepInputs`.
@@ -111,56 +124,66 @@ def build_step_inputs(sched: SchedulerOutput, block_size: int, device: torch.dev
         ValueError: padding asked for a step that is not decode-only, or below its decode count.
     """
     ordered = packed_order(sched)
-    ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    starts = [0]
-    seq_lens: list[int] = []
-    tables: list[list[int]] = []
-    for s in ordered:
-        r = s.request
-        start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
-        bt = r.block_table
-        ids.extend(r.all_token_ids[start:end])
-        pos.extend(range(start, end))
-        if write_kv:
-            slots.extend(bt[p // block_size] * block_size + p % block_size for p in range(start, end))
-        starts.append(end - start + starts[-1])
-        seq_lens.append(end)
-        tables.append(bt)
-    num_tokens = starts[-1]
-    if not write_kv:
-        slots = [-1] * num_tokens
+    num_reqs = len(ordered)
     num_decodes = sum(1 for s in ordered if s.num_new_tokens == 1)
+    num_rows = num_reqs
     if num_padded_decodes is not None:
-        if num_decodes != len(ordered) or num_padded_decodes < num_decodes:
-            raise ValueError(f"cannot pad a step of {num_decodes} decodes and {len(ordered) - num_decodes} "
+        if num_decodes != num_reqs or num_padded_decodes < num_decodes:
+            raise ValueError(f"cannot pad a step of {num_decodes} decodes and {num_reqs - num_decodes} "
                              f"prefills to {num_padded_decodes} decode rows")
-        pad = num_padded_decodes - num_decodes
-        ids += [0] * pad
-        pos += [0] * pad
-        slots += [-1] * pad
-        starts += range(num_tokens + 1, num_tokens + pad + 1)
-        seq_lens += [0] * pad
-        tables += [[]] * pad
-        num_decodes = num_padded_decodes
-    width = max(max(map(len, tables), default=0), block_table_width or 0, 1)
-    flat_tables: list[int] = []
-    for t in tables:
-        flat_tables.extend(t)
-        flat_tables.extend([0] * (width - len(t)))
+        num_rows = num_decodes = num_padded_decodes
+    if input_batch is None:
+        input_batch = InputBatch(num_reqs, max((len(s.request.block_table) for s in ordered), default=1), device)
+    table = input_batch.block_table
+    table.ensure_size(table.max_num_reqs, block_table_width or 1)
+    rows = input_batch.update([s.request for s in ordered])
 
-    fields = [ids, pos, slots, starts, seq_lens, flat_tables]
-    packed: list[int] = []
-    for f in fields:
-        packed.extend(f)
-    host = torch.tensor(packed, dtype=index_dtype, pin_memory=device.type == "cuda")
+    computed, num_new, ids = [], [], []
+    for s in ordered:
+        c, n = s.request.num_computed_tokens, s.num_new_tokens
+        computed.append(c)
+        num_new.append(n)
+        ids += s.request.all_token_ids[c:c + n]
+    num_tokens = len(ids)
+    num_pad = num_rows - num_reqs
+    num_slots = num_tokens + num_pad  # a padding row has one query token
+
+    # one host buffer: ids, positions, slots [num_slots]; query_start_loc [num_rows + 1];
+    # seq_lens, block-table rows [num_rows]
+    sizes = [num_slots, num_slots, num_slots, num_rows + 1, num_rows, num_rows]
+    host = torch.empty(sum(sizes), dtype=index_dtype, pin_memory=device.type == "cuda")
+    ids_np, pos_np, slots_np, qsl_np, seq_lens_np, rows_np = np.split(host.numpy(), np.cumsum(sizes[:-1]))
+    num_new_np = np.array(num_new, dtype=ids_np.dtype)
+    computed_np = np.array(computed, dtype=ids_np.dtype)
+    qsl_np[0] = 0
+    np.cumsum(num_new_np, out=qsl_np[1:num_reqs + 1])
+    qsl_np[num_reqs + 1:] = np.arange(num_tokens + 1, num_slots + 1)
+    seq_lens_np[:num_reqs] = computed_np + num_new_np
+    seq_lens_np[num_reqs:] = 0
+    rows_np[:num_reqs] = rows
+    rows_np[num_reqs:] = table.zero_row
+    ids_np[:num_tokens] = ids
+    if num_tokens == num_reqs:  # decodes only: one token per row
+        pos_np[:num_tokens] = computed_np
+        token_rows = rows_np[:num_reqs]
+    else:  # position of packed token t of request i: computed[i] + t - query_start_loc[i]
+        pos_np[:num_tokens] = np.repeat(computed_np - qsl_np[:num_reqs], num_new_np) + np.arange(num_tokens)
+        token_rows = np.repeat(rows_np[:num_reqs], num_new_np)
+    ids_np[num_tokens:] = pos_np[num_tokens:] = 0
+    slots_np[:] = -1
+    if write_kv:
+        pos = pos_np[:num_tokens]
+        slots_np[:num_tokens] = table.block_table_np[token_rows, pos // block_size] * block_size + pos % block_size
     dev = host.to(device, non_blocking=True)
-    ids_t, pos_t, slots_t, starts_t, seq_lens_t, tables_t = torch.split(dev, [len(f) for f in fields])
+    ids_t, pos_t, slots_t, starts_t, seq_lens_t, rows_t = torch.split(dev, sizes)
+
+    width = max(int(table.num_blocks_per_row[rows_np[:num_reqs]].max(initial=0)), block_table_width or 0, 1)
+    table.commit()
+    seq_lens_cpu = seq_lens_np.tolist()
     return StepInputs(
-        input_ids=ids_t, positions=pos_t, slot_mapping=slots_t, query_start_loc=starts_t,
-        seq_lens=seq_lens_t, block_table=tables_t.view(len(tables), width), num_decodes=num_decodes,
-        max_query_len=1 if num_padded_decodes else max((s.num_new_tokens for s in ordered), default=0),
-        max_seq_len=max(seq_lens, default=0), num_actual_tokens=num_tokens if write_kv else 0,
-        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens, requests=ordered,
+        input_ids=ids_t, positions=pos_t, slot_mapping=slots_t, query_start_loc=starts_t, seq_lens=seq_lens_t,
+        block_table=table.gather(rows_t, width, index_dtype), num_decodes=num_decodes,
+        max_query_len=1 if num_padded_decodes else max(num_new, default=0),
+        max_seq_len=max(seq_lens_cpu, default=0), num_actual_tokens=num_tokens if write_kv else 0,
+        query_start_loc_cpu=qsl_np.tolist(), seq_lens_cpu=seq_lens_cpu, requests=ordered,
     )

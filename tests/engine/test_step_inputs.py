@@ -56,9 +56,12 @@ def test_mixed_step_packs_decodes_then_prefix_chunks_shortest_first_then_fresh_p
     assert (inputs.num_decodes, inputs.max_query_len, inputs.max_seq_len, inputs.num_actual_tokens) == (1, 4, 8, 10)
     assert (inputs.query_start_loc_cpu, inputs.seq_lens_cpu) == ([0, 1, 3, 7, 10], [6, 4, 8, 3])
     assert {(getattr(inputs, f).dtype, getattr(inputs, f).device) for f in as_lists(inputs)} == {(dtype, device)}
-    # every field is a view of one packed tensor (one host-to-device copy)
+    # every per-token and per-request field is a view of one packed tensor (one host-to-device
+    # copy); the block table is gathered from the persistent rows into a tensor of its own
     base = inputs.input_ids.untyped_storage().data_ptr()
-    assert all(getattr(inputs, f).untyped_storage().data_ptr() == base for f in as_lists(inputs))
+    packed = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens")
+    assert all(getattr(inputs, f).untyped_storage().data_ptr() == base for f in packed)
+    assert inputs.block_table.untyped_storage().data_ptr() != base
 
 
 def test_decode_step_padded_for_a_graph_batch():
