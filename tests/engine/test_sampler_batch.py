@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import torch
 
-from weir.engine.sampler import SampleRow, filter_logits, sample
+from weir.engine.sampler import SampleRow, apply_penalties, filter_logits, sample
 from weir.engine.sampling_params import LOGPROB_SENTINEL, SamplingParams
 
 VOCAB = 97
@@ -177,3 +177,15 @@ def test_seeded_draws_continue_the_generator_stream():
         want = ref_sample(q.logits[None], [SampleRow(q.params, gen_ref, q.prompt, q.output)])[0]
         got = sample(q.logits[None], [SampleRow(q.params, gen_new, q.prompt, q.output)]).token_ids
         assert got == want
+
+
+def test_penalized_logits_equal_the_row_by_row_ones():
+    reqs = [Req(k, 11) for k in sorted(KINDS)]
+    default = torch.Generator()
+    rows = [q.row(default) for q in reqs]
+    want = torch.stack([q.logits for q in reqs])
+    got = want.clone()
+    ref_penalties(want, rows)
+    apply_penalties(got, rows)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, torch.stack([q.logits for q in reqs]))  # something was penalized
