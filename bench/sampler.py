@@ -3,7 +3,7 @@
 Usage::
 
     python -m bench.sampler [--batch 256] [--vocab 49152] [--repeats 5] [--before 95ed8dc]
-                            [--device cpu]
+                            [--device cpu] [--threads N]
 
 Three workloads of ``batch`` rows over random logits of SmolLM2's vocabulary: ``greedy``;
 ``top_p_logprobs`` (temperature 1.0, top-p 0.9, logprobs=5, unseeded); ``mixed`` (greedy, seeded
@@ -119,7 +119,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--before", default="95ed8dc")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     before, before_runner = load_before(args.before)
     versions = {"before": before, "after": sampler_after}
@@ -130,7 +133,8 @@ def main(argv=None) -> int:
         for w in WORKLOADS:
             for v, mod in versions.items():
                 times[v, w].append(time_ms(mod, logits, w))
-    print(f"sampler per step, batch {args.batch}, vocab {args.vocab}, {device}, median of {args.repeats}")
+    print(f"sampler per step, batch {args.batch}, vocab {args.vocab}, {device}, "
+          f"{torch.get_num_threads()} CPU threads, median of {args.repeats}")
     print(f"{'workload':16} {'before ms':>10} {'after ms':>10} {'speed-up':>9} {'before/greedy':>14} "
           f"{'after/greedy':>13} {'syncs before':>13} {'syncs after':>12}")
     med = {k: statistics.median(t[1:]) for k, t in times.items()}

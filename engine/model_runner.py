@@ -152,7 +152,10 @@ class ModelRunner:
             tokens = sample_tokens(logits, rows)
             transfer.add(tokens)
             lp_reqs = [i for i, r in enumerate(sample_reqs) if r.sampling_params.logprobs is not None]
-            if lp_reqs:
+            if len(lp_reqs) == len(sample_reqs):
+                lp_logits.append(logits)
+                lp_tokens.append(tokens)
+            elif lp_reqs:
                 idx = torch.tensor(lp_reqs, device=device)
                 lp_logits.append(logits[idx])
                 lp_tokens.append(tokens[idx])
@@ -162,7 +165,8 @@ class ModelRunner:
             lp_tokens.append(torch.tensor([r.all_token_ids[pos] for r, pos in prompt_keys], device=device))
             lp_nums += [r.sampling_params.prompt_logprobs for r, _ in prompt_keys]
         if lp_logits:
-            lp = torch.log_softmax(torch.cat(lp_logits).float(), dim=-1)  # [num_lp_rows, vocab]
+            both = torch.cat(lp_logits) if len(lp_logits) > 1 else lp_logits[0]
+            lp = torch.log_softmax(both.float(), dim=-1)  # [num_lp_rows, vocab]
             for t in gather_logprobs(lp, torch.cat(lp_tokens), max(lp_nums)).tensors():
                 transfer.add(t)
         if score_rows:

@@ -133,7 +133,7 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
         # drop a token when the mass before it already reaches top_p (keeps at least one)
         drop = probs.cumsum(-1) - probs >= top_p[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        x = torch.full_like(x, float("-inf")).scatter(1, order, sorted_logits)
+        x = x.scatter_(1, order, sorted_logits)  # order is a permutation: every entry is written
     if any(p.min_p > 0 for p in params):
         probs = x.softmax(-1)
         min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=device)[:, None]
@@ -197,10 +197,11 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
     transfer.add(tokens)
     lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
     if lp_rows:
+        every = len(lp_rows) == len(rows)
         idx = torch.tensor(lp_rows, device=logits.device)
-        lps = torch.log_softmax(logits[idx].float(), dim=-1)
+        lps = torch.log_softmax((logits if every else logits[idx]).float(), dim=-1)
         nums = [rows[i].params.logprobs for i in lp_rows]
-        for t in gather_logprobs(lps, tokens[idx], max(nums)).tensors():
+        for t in gather_logprobs(lps, tokens if every else tokens[idx], max(nums)).tensors():
             transfer.add(t)
     host_tokens, *host_lp = transfer.fetch()
     token_ids = host_tokens.tolist()
