@@ -45,3 +45,11 @@ class HostTransfer:
             out.append((part.view(torch.int32) if is_int else part).reshape(shape))
             offset += n
         return out
+
+
+def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.tensor(data, dtype=dtype)`` on ``device``. On CUDA it goes through pinned memory with
+    ``non_blocking``: a blocking host-to-device copy synchronizes the stream, so it would wait for
+    the kernels already queued (the forward pass)."""
+    host = torch.tensor(data, dtype=dtype, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from weir.engine.attention import AttentionBackend, TorchAttentionBackend, select_attention_backend
-from weir.engine.host_transfer import HostTransfer
+from weir.engine.host_transfer import HostTransfer, to_device
 from weir.engine.logprobs import gather_logprobs, logprob_entries
 from weir.engine.sampler import SampleRow, sample_tokens
 from weir.engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
@@ -146,7 +146,7 @@ class ModelRunner:
         lp_logits, lp_tokens, lp_nums = [], [], []  # rows whose top log-probabilities are reported
         lp_reqs: list[int] = []  # indices into sample_reqs
         if sample_rows:
-            logits = self.model.compute_logits(hidden[sample_rows])
+            logits = self.model.compute_logits(hidden[to_device(sample_rows, device)])
             rows = [SampleRow(r.sampling_params, r.generator, r.prompt_token_ids, r.output_token_ids,
                               r.eos_token_ids) for r in sample_reqs]
             tokens = sample_tokens(logits, rows)
@@ -156,13 +156,13 @@ class ModelRunner:
                 lp_logits.append(logits)
                 lp_tokens.append(tokens)
             elif lp_reqs:
-                idx = torch.tensor(lp_reqs, device=device)
+                idx = to_device(lp_reqs, device)
                 lp_logits.append(logits[idx])
                 lp_tokens.append(tokens[idx])
                 lp_nums += [sample_reqs[i].sampling_params.logprobs for i in lp_reqs]
         if prompt_rows:
-            lp_logits.append(self.model.compute_logits(hidden[prompt_rows]))
-            lp_tokens.append(torch.tensor([r.all_token_ids[pos] for r, pos in prompt_keys], device=device))
+            lp_logits.append(self.model.compute_logits(hidden[to_device(prompt_rows, device)]))
+            lp_tokens.append(to_device([r.all_token_ids[pos] for r, pos in prompt_keys], device))
             lp_nums += [r.sampling_params.prompt_logprobs for r, _ in prompt_keys]
         if lp_logits:
             both = torch.cat(lp_logits) if len(lp_logits) > 1 else lp_logits[0]
@@ -170,14 +170,14 @@ class ModelRunner:
             for t in gather_logprobs(lp, torch.cat(lp_tokens), max(lp_nums)).tensors():
                 transfer.add(t)
         if score_rows:
-            lp = torch.log_softmax(self.model.compute_logits(hidden[score_rows]), dim=-1)
-            transfer.add(lp.gather(1, torch.tensor(score_targets, device=device)[:, None])[:, 0])
+            lp = torch.log_softmax(self.model.compute_logits(hidden[to_device(score_rows, device)]), dim=-1)
+            transfer.add(lp.gather(1, to_device(score_targets, device)[:, None])[:, 0])
         if final_rows:
-            lp = torch.log_softmax(self.model.compute_logits(hidden[final_rows]), dim=-1)
+            lp = torch.log_softmax(self.model.compute_logits(hidden[to_device(final_rows, device)]), dim=-1)
             ids = [r.scoring.final_logprob_ids for r in final_reqs]
             width = max(map(len, ids))
-            padded = torch.tensor([i + [0] * (width - len(i)) for i in ids], dtype=torch.long,
-                                  device=device).reshape(len(ids), width)  # [num_final, width]
+            padded = to_device([i + [0] * (width - len(i)) for i in ids], device,
+                               torch.long).reshape(len(ids), width)  # [num_final, width]
             transfer.add(lp.gather(1, padded))
         host = iter(transfer.fetch())
         if sample_rows:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from weir.engine.host_transfer import HostTransfer
+from weir.engine.host_transfer import HostTransfer, to_device
 from weir.engine.logprobs import TokenLogprob, finite_logprob, gather_logprobs, logprob_entries
 from weir.engine.sampling_params import SamplingParams
 
@@ -51,17 +51,16 @@ def divide_rows(x: torch.Tensor, divisors: list[float]) -> torch.Tensor:
     ``div_true_kernel_cuda`` multiplies by the reciprocal (taken in double, then cast to fp32);
     the CPU kernel divides."""
     if x.device.type == "cuda":
-        inv = torch.tensor([1.0 / d for d in divisors], dtype=x.dtype)
-        return x * inv.to(x.device)[:, None]
-    return x / torch.tensor(divisors, dtype=x.dtype, device=x.device)[:, None]
+        return x * to_device([1.0 / d for d in divisors], x.device, x.dtype)[:, None]
+    return x / to_device(divisors, x.device, x.dtype)[:, None]
 
 
 def token_counts(token_ids: list[list[int]], vocab: int, device: torch.device, dtype=torch.float32) -> torch.Tensor:
     """``[len(token_ids), vocab]`` counts of each row's token ids, by one ``scatter_add_`` over the
     rows padded with id ``vocab`` (a spare column, dropped)."""
     width = max(map(len, token_ids), default=0)
-    padded = torch.tensor([ids + [vocab] * (width - len(ids)) for ids in token_ids], dtype=torch.long,
-                          device=device).reshape(len(token_ids), width)  # [num_rows, width]
+    padded = to_device([ids + [vocab] * (width - len(ids)) for ids in token_ids], device,
+                       torch.long).reshape(len(token_ids), width)  # [num_rows, width]
     counts = torch.zeros(len(token_ids), vocab + 1, dtype=dtype, device=device)
     counts.scatter_add_(1, padded, torch.ones(padded.shape, dtype=dtype, device=device))
     return counts[:, :vocab]
@@ -83,24 +82,24 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
             banned_rows += [i] * len(banned)
             banned_ids += banned
     if banned_ids:
-        logits[torch.tensor(banned_rows, device=device), torch.tensor(banned_ids, device=device)] = float("-inf")
+        logits[to_device(banned_rows, device), to_device(banned_ids, device)] = float("-inf")
     rep = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
     if rep:
         seen = token_counts([rows[i].prompt_token_ids + rows[i].output_token_ids for i in rep], vocab,
                             device) > 0
-        idx = torch.tensor(rep, device=device)
+        idx = to_device(rep, device)
         penalties = [rows[i].params.repetition_penalty for i in rep]
         vals = logits[idx]
         scaled = torch.where(vals > 0, divide_rows(vals, penalties),
-                             vals * torch.tensor(penalties, dtype=vals.dtype, device=device)[:, None])
+                             vals * to_device(penalties, device, vals.dtype)[:, None])
         logits[idx] = torch.where(seen, scaled, vals)
     freq = [i for i, r in enumerate(rows)
             if r.output_token_ids and (r.params.frequency_penalty or r.params.presence_penalty)]
     if freq:
         counts = token_counts([rows[i].output_token_ids for i in freq], vocab, device, logits.dtype)
-        idx = torch.tensor(freq, device=device)
-        f = torch.tensor([rows[i].params.frequency_penalty for i in freq], dtype=logits.dtype, device=device)
-        p = torch.tensor([rows[i].params.presence_penalty for i in freq], dtype=logits.dtype, device=device)
+        idx = to_device(freq, device)
+        f = to_device([rows[i].params.frequency_penalty for i in freq], device, logits.dtype)
+        p = to_device([rows[i].params.presence_penalty for i in freq], device, logits.dtype)
         vals = logits[idx]
         logits[idx] = torch.where(counts > 0, vals - (f[:, None] * counts + p[:, None]), vals)
 
@@ -123,20 +122,20 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(top_ks):
         top = torch.topk(x, max(top_ks), dim=-1).values  # [num_rows, max_k]
-        kth = top.gather(1, torch.tensor([max(k - 1, 0) for k in top_ks], device=device)[:, None])
-        kth = kth.masked_fill(torch.tensor([k == 0 for k in top_ks], device=device)[:, None], float("-inf"))
+        kth = top.gather(1, to_device([max(k - 1, 0) for k in top_ks], device)[:, None])
+        kth = kth.masked_fill(to_device([k == 0 for k in top_ks], device)[:, None], float("-inf"))
         x = x.masked_fill(x < kth, float("-inf"))
     if any(p.top_p < 1.0 for p in params):
         sorted_logits, order = torch.sort(x, dim=-1, descending=True)
         probs = sorted_logits.softmax(-1)
-        top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
+        top_p = to_device([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
         # drop a token when the mass before it already reaches top_p (keeps at least one)
         drop = probs.cumsum(-1) - probs >= top_p[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         x = x.scatter_(1, order, sorted_logits)  # order is a permutation: every entry is written
     if any(p.min_p > 0 for p in params):
         probs = x.softmax(-1)
-        min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=device)[:, None]
+        min_p = to_device([p.min_p for p in params], device, x.dtype)[:, None]
         x = x.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
     return x
 
@@ -165,7 +164,7 @@ def sample_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if not sampled:
         return tokens
-    x = processed if len(sampled) == len(rows) else processed[torch.tensor(sampled, device=device)]
+    x = processed if len(sampled) == len(rows) else processed[to_device(sampled, device)]
     probs = filter_logits(x, [rows[i].params for i in sampled]).softmax(-1)  # [num_sampled, vocab]
     positions, draws = [], []
     groups: dict[int, tuple[Optional[torch.Generator], list[int]]] = {}
@@ -178,9 +177,9 @@ def sample_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
             groups.setdefault(id(r.generator), (r.generator, []))[1].append(j)
     for generator, js in groups.values():
         positions += [sampled[j] for j in js]
-        group = probs if len(js) == len(sampled) else probs[torch.tensor(js, device=device)]
+        group = probs if len(js) == len(sampled) else probs[to_device(js, device)]
         draws.append(torch.multinomial(group, 1, generator=generator)[:, 0])
-    tokens[torch.tensor(positions, device=device)] = torch.cat(draws)
+    tokens[to_device(positions, device)] = torch.cat(draws)
     return tokens
 
 
@@ -198,7 +197,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
     lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
     if lp_rows:
         every = len(lp_rows) == len(rows)
-        idx = torch.tensor(lp_rows, device=logits.device)
+        idx = to_device(lp_rows, logits.device)
         lps = torch.log_softmax((logits if every else logits[idx]).float(), dim=-1)
         nums = [rows[i].params.logprobs for i in lp_rows]
         for t in gather_logprobs(lps, tokens if every else tokens[idx], max(nums)).tensors():
