@@ -159,7 +159,7 @@ class ModelRunner:
                 idx = to_device(lp_reqs, device)
                 lp_logits.append(logits[idx])
                 lp_tokens.append(tokens[idx])
-                lp_nums += [sample_reqs[i].sampling_params.logprobs for i in lp_reqs]
+            lp_nums += [sample_reqs[i].sampling_params.logprobs for i in lp_reqs]
         if prompt_rows:
             lp_logits.append(self.model.compute_logits(hidden[to_device(prompt_rows, device)]))
             lp_tokens.append(to_device([r.all_token_ids[pos] for r, pos in prompt_keys], device))

@@ -199,3 +199,16 @@ def test_logprob_gather_stays_on_the_logits_device(num_top):
         gather_logprobs(torch.zeros(4, VOCAB, device="meta"), torch.zeros(4, dtype=torch.long, device="meta"),
                         num_top)
     assert mode.num_transfers == 0
+
+
+def test_every_generation_row_with_logprobs_next_to_prompt_logprobs():
+    gen = Request("gen", [3, 4, 5], SamplingParams(temperature=0, logprobs=2))
+    gen.num_computed_tokens = 2
+    prompt = Request("prompt", [3, 4, 5, 6], SamplingParams(temperature=0, logprobs=1, prompt_logprobs=3))
+    scheduled = [ScheduledRequest(gen, 1), ScheduledRequest(prompt, 4)]
+    with HostSyncs() as mode:
+        out = ModelRunner._outputs(SimpleNamespace(model=MetaModel(VOCAB, 8)), scheduled,
+                                   torch.zeros(5, 8, device="meta"))
+    assert mode.num_transfers == 1
+    assert {rid: len(e) for rid, e in out.logprobs.items()} == {"gen": 3, "prompt": 2}
+    assert {pos: len(e) for pos, e in out.prompt_logprobs["prompt"].items()} == {1: 4, 2: 4, 3: 4}
