@@ -149,11 +149,14 @@ def sample_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
 
     Returns:
         ``[num_rows]`` int64 token ids on the logits' device. Greedy rows (temperature 0) take the
-        argmax of the penalized logits; the others sample from softmax of the filtered logits.
-        A seeded row draws ``torch.multinomial(probs_row, 1, generator=row.generator)`` on its own
-        ``[vocab_size]`` row, so its generator's stream and its token do not depend on the batch;
-        unseeded rows sharing a generator (the engine's default, or the global RNG for None) draw
-        in one call.
+        argmax of the penalized logits; the others sample from softmax of the filtered logits by
+        ``torch.multinomial``'s own one-sample path (``argmax(probs / q)``, ``q`` exponential
+        noise: the Gumbel-max trick), written out because ``torch.multinomial`` first checks its
+        input with two ``.item()`` host syncs. A seeded row draws its ``q`` with
+        ``exponential_(1, generator=row.generator)`` on its own ``[vocab_size]`` row, as
+        ``torch.multinomial(probs_row, 1, generator=row.generator)`` does, so its stream and its token
+        are those of the row-by-row sampler whatever the batch holds; unseeded rows sharing a
+        generator (the engine's default, or the global RNG for None) draw their noise in one call.
     """
     device = logits.device
     needs_processing = any(r.params.has_penalties or r.params.min_tokens for r in rows)
@@ -166,20 +169,24 @@ def sample_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         return tokens
     x = processed if len(sampled) == len(rows) else processed[to_device(sampled, device)]
     probs = filter_logits(x, [rows[i].params for i in sampled]).softmax(-1)  # [num_sampled, vocab]
-    positions, draws = [], []
+    noise = torch.empty_like(probs)
     groups: dict[int, tuple[Optional[torch.Generator], list[int]]] = {}
     for j, i in enumerate(sampled):
         r = rows[i]
         if r.is_seeded:
-            positions.append(i)
-            draws.append(torch.multinomial(probs[j], 1, generator=r.generator))
+            noise[j].exponential_(1, generator=r.generator)
         else:
             groups.setdefault(id(r.generator), (r.generator, []))[1].append(j)
     for generator, js in groups.values():
-        positions += [sampled[j] for j in js]
-        group = probs if len(js) == len(sampled) else probs[to_device(js, device)]
-        draws.append(torch.multinomial(group, 1, generator=generator)[:, 0])
-    tokens[to_device(positions, device)] = torch.cat(draws)
+        if len(js) == len(sampled):
+            noise.exponential_(1, generator=generator)
+        else:
+            noise[to_device(js, device)] = torch.empty(len(js), probs.shape[-1], device=device).exponential_(
+                1, generator=generator)
+    draws = (probs / noise).argmax(dim=-1)
+    if len(sampled) == len(rows):
+        return draws
+    tokens[to_device(sampled, device)] = draws
     return tokens
 
 
