@@ -7,8 +7,10 @@ import torch
 from weir.engine.attention import AttentionBackend, TorchAttentionBackend, select_attention_backend
 from weir.engine.cuda_graphs import FULL, PIECEWISE, CUDAGraphMode, build_cuda_graphs, dispatch
 from weir.engine.cudagraph_stats import CUDAGraphStats
+from weir.engine.host_transfer import HostTransfer, to_device
 from weir.engine.input_batch import InputBatch
-from weir.engine.sampler import SampleRow, sample, top_logprobs
+from weir.engine.logprobs import gather_logprobs, logprob_entries
+from weir.engine.sampler import SampleRow, sample_tokens
 from weir.engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from weir.engine.step_inputs import build_step_inputs
 
@@ -123,6 +125,12 @@ class ModelRunner:
         return self._outputs(inputs.requests, hidden)
 
     def _outputs(self, ordered: list[ScheduledRequest], hidden: torch.Tensor) -> ModelRunnerOutput:
+        """Sample, gather log-probabilities and scores for the rows of ``hidden``
+        (``[num_tokens, hidden_size]``, packed in ``ordered``'s order), with one device-to-host copy.
+
+        Sampled-token and prompt log-probabilities share one top-k (k = the largest asked); scoring
+        targets and final ids are one gather each.
+        """
         out = ModelRunnerOutput()
         sample_rows, sample_reqs = [], []
         score_rows, score_targets, score_keys = [], [], []
@@ -155,25 +163,59 @@ class ModelRunner:
                     sample_rows.append(last)
                     sample_reqs.append(r)
             offset += n
+        device = hidden.device
+        transfer = HostTransfer()
+        lp_logits, lp_tokens, lp_nums = [], [], []  # rows whose top log-probabilities are reported
+        lp_reqs: list[int] = []  # indices into sample_reqs
         if sample_rows:
-            logits = self.model.compute_logits(hidden[sample_rows])
+            logits = self.model.compute_logits(hidden[to_device(sample_rows, device)])
             rows = [SampleRow(r.sampling_params, r.generator, r.prompt_token_ids, r.output_token_ids,
                               r.eos_token_ids) for r in sample_reqs]
-            result = sample(logits, rows)
-            out.sampled = {r.request_id: t for r, t in zip(sample_reqs, result.token_ids)}
-            out.logprobs = {r.request_id: lp for r, lp in zip(sample_reqs, result.logprobs) if lp is not None}
+            tokens = sample_tokens(logits, rows)
+            transfer.add(tokens)
+            lp_reqs = [i for i, r in enumerate(sample_reqs) if r.sampling_params.logprobs is not None]
+            if len(lp_reqs) == len(sample_reqs):
+                lp_logits.append(logits)
+                lp_tokens.append(tokens)
+            elif lp_reqs:
+                idx = to_device(lp_reqs, device)
+                lp_logits.append(logits[idx])
+                lp_tokens.append(tokens[idx])
+            lp_nums += [sample_reqs[i].sampling_params.logprobs for i in lp_reqs]
         if prompt_rows:
-            lp = torch.log_softmax(self.model.compute_logits(hidden[prompt_rows]).float(), dim=-1)
-            for row, (r, pos) in zip(lp, prompt_keys):
-                entry = top_logprobs(row, r.all_token_ids[pos], r.sampling_params.prompt_logprobs)
-                out.prompt_logprobs.setdefault(r.request_id, {})[pos] = entry
+            lp_logits.append(self.model.compute_logits(hidden[to_device(prompt_rows, device)]))
+            lp_tokens.append(to_device([r.all_token_ids[pos] for r, pos in prompt_keys], device))
+            lp_nums += [r.sampling_params.prompt_logprobs for r, _ in prompt_keys]
+        if lp_logits:
+            both = torch.cat(lp_logits) if len(lp_logits) > 1 else lp_logits[0]
+            lp = torch.log_softmax(both.float(), dim=-1)  # [num_lp_rows, vocab]
+            for t in gather_logprobs(lp, torch.cat(lp_tokens), max(lp_nums)).tensors():
+                transfer.add(t)
         if score_rows:
-            lp = torch.log_softmax(self.model.compute_logits(hidden[score_rows]), dim=-1)
-            vals = lp.gather(1, torch.tensor(score_targets, device=lp.device)[:, None])[:, 0].tolist()
-            for (rid, i), v in zip(score_keys, vals):
+            lp = torch.log_softmax(self.model.compute_logits(hidden[to_device(score_rows, device)]), dim=-1)
+            transfer.add(lp.gather(1, to_device(score_targets, device)[:, None])[:, 0])
+        if final_rows:
+            lp = torch.log_softmax(self.model.compute_logits(hidden[to_device(final_rows, device)]), dim=-1)
+            ids = [r.scoring.final_logprob_ids for r in final_reqs]
+            width = max(map(len, ids))
+            padded = to_device([i + [0] * (width - len(i)) for i in ids], device,
+                               torch.long).reshape(len(ids), width)  # [num_final, width]
+            transfer.add(lp.gather(1, padded))
+        host = iter(transfer.fetch())
+        if sample_rows:
+            token_ids = next(host).tolist()
+            out.sampled = {r.request_id: t for r, t in zip(sample_reqs, token_ids)}
+        if lp_logits:
+            lp_ids = [token_ids[i] for i in lp_reqs]
+            lp_ids += [r.all_token_ids[pos] for r, pos in prompt_keys]
+            entries = iter(logprob_entries(lp_ids, [next(host) for _ in range(4)], lp_nums))
+            out.logprobs = {sample_reqs[i].request_id: next(entries) for i in lp_reqs}
+            for r, pos in prompt_keys:
+                out.prompt_logprobs.setdefault(r.request_id, {})[pos] = next(entries)
+        if score_rows:
+            for (rid, i), v in zip(score_keys, next(host).tolist()):
                 out.score_logprobs.setdefault(rid, {})[i] = v
         if final_rows:
-            lp = torch.log_softmax(self.model.compute_logits(hidden[final_rows]), dim=-1)
-            for row, r in zip(lp, final_reqs):
-                out.final_logprobs[r.request_id] = row[r.scoring.final_logprob_ids].tolist()
+            for r, vals in zip(final_reqs, next(host).tolist()):
+                out.final_logprobs[r.request_id] = vals[:len(r.scoring.final_logprob_ids)]
         return out

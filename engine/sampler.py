@@ -1,19 +1,20 @@
-"""Turns logits into next tokens: penalties, min_tokens, greedy, temperature, top-k, top-p, min-p,
-per-request seeds, and the log-probabilities a request asked for."""
+"""Turns a batch of logits into next tokens in one pass over the batch: penalties, min_tokens,
+greedy, temperature, top-k, top-p, min-p with per-row parameters as tensors, per-request seeds, and
+the log-probabilities a request asked for."""
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from weir.engine.sampling_params import LOGPROB_SENTINEL, SamplingParams
+from weir.engine.host_transfer import HostTransfer, to_device
+from weir.engine.logprobs import TokenLogprob, finite_logprob, gather_logprobs, logprob_entries
+from weir.engine.sampling_params import SamplingParams
 
-# (token id, log-probability, rank): rank 1 is the most likely token
-TokenLogprob = tuple[int, float, int]
+__all__ = ["SampleRow", "SamplerOutput", "TokenLogprob", "finite_logprob", "apply_penalties",
+           "filter_logits", "sample_tokens", "sample"]
 
 
 @dataclass
@@ -25,6 +26,11 @@ class SampleRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     eos_token_ids: frozenset[int] = frozenset()
+
+    @property
+    def is_seeded(self) -> bool:
+        """Draws from a generator of its own (the same tokens whatever the batch holds)."""
+        return self.params.seed is not None and self.generator is not None
 
 
 @dataclass
@@ -39,96 +45,175 @@ class SamplerOutput:
     logprobs: list[Optional[list[TokenLogprob]]] = field(default_factory=list)
 
 
-def finite_logprob(v: float) -> float:
-    return v if math.isfinite(v) else LOGPROB_SENTINEL
+def divide_rows(x: torch.Tensor, divisors: list[float]) -> torch.Tensor:
+    """``x[i] / divisors[i]`` for a ``[num_rows, vocab_size]`` fp32 ``x``, rounded as PyTorch rounds
+    ``row / python_float`` on x's device, so that a row's values do not depend on its batch: CUDA's
+    ``div_true_kernel_cuda`` multiplies by the reciprocal (taken in double, then cast to fp32);
+    the CPU kernel divides."""
+    if x.device.type == "cuda":
+        return x * to_device([1.0 / d for d in divisors], x.device, x.dtype)[:, None]
+    return x / to_device(divisors, x.device, x.dtype)[:, None]
 
 
-def top_logprobs(row_logprobs: torch.Tensor, token_id: int, num: int) -> list[TokenLogprob]:
-    """The entry of ``token_id`` then the top ``num`` entries of one ``[vocab_size]`` log-prob row."""
-    chosen = float(row_logprobs[token_id])
-    rank = int((row_logprobs > row_logprobs[token_id]).sum()) + 1
-    out = [(token_id, finite_logprob(chosen), rank)]
-    if num:
-        vals, ids = torch.topk(row_logprobs, min(num, row_logprobs.shape[-1]))
-        out += [(int(t), finite_logprob(float(v)), r + 1) for r, (v, t) in enumerate(zip(vals, ids))]
-    return out
+def token_counts(token_ids: list[list[int]], vocab: int, device: torch.device, dtype=torch.float32) -> torch.Tensor:
+    """``[len(token_ids), vocab]`` counts of each row's token ids, by one ``scatter_add_`` over the
+    rows padded with id ``vocab`` (a spare column, dropped)."""
+    width = max(map(len, token_ids), default=0)
+    padded = to_device([ids + [vocab] * (width - len(ids)) for ids in token_ids], device,
+                       torch.long).reshape(len(token_ids), width)  # [num_rows, width]
+    counts = torch.zeros(len(token_ids), vocab + 1, dtype=dtype, device=device)
+    counts.scatter_add_(1, padded, torch.ones(padded.shape, dtype=dtype, device=device))
+    return counts[:, :vocab]
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
-    """In place, per row asking for them: min_tokens masks EOS and stop token ids; repetition
-    penalty (CTRL, Keskar et al. 2019) over prompt and output tokens; frequency and presence
-    penalties (OpenAI's definition) over output tokens."""
+    """In place on ``[num_rows, vocab_size]`` fp32 logits, for the rows asking: min_tokens masks
+    EOS and stop token ids; repetition penalty (CTRL, Keskar et al. 2019) over prompt and output
+    tokens; frequency and presence penalties (OpenAI's definition) over output tokens. Each is one
+    batched operation over the rows that ask for it."""
     vocab = logits.shape[-1]
     device = logits.device  # every tensor built here goes there: CUDA rejects a mix
+    banned_rows, banned_ids = [], []
     for i, r in enumerate(rows):
         p = r.params
         if p.min_tokens and len(r.output_token_ids) < p.min_tokens:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
-            banned = [t for t in banned if t < vocab]
-            if banned:
-                logits[i, banned] = float("-inf")
-        if not p.has_penalties:
-            continue
-        # the sets and counts are taken on the host (a row's tokens are a short Python list);
-        # only the touched logits are read and written
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(r.prompt_token_ids).union(r.output_token_ids)), dtype=torch.long,
-                                device=device)
-            vals = logits[i, seen]
-            logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if r.output_token_ids and (p.frequency_penalty or p.presence_penalty):
-            counts = Counter(r.output_token_ids)
-            ids = torch.tensor(list(counts), dtype=torch.long, device=device)
-            n = torch.tensor(list(counts.values()), dtype=logits.dtype, device=device)
-            logits[i, ids] -= p.frequency_penalty * n + p.presence_penalty
+            banned = sorted(t for t in banned if t < vocab)
+            banned_rows += [i] * len(banned)
+            banned_ids += banned
+    if banned_ids:
+        logits[to_device(banned_rows, device), to_device(banned_ids, device)] = float("-inf")
+    rep = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+    if rep:
+        seen = token_counts([rows[i].prompt_token_ids + rows[i].output_token_ids for i in rep], vocab,
+                            device) > 0
+        idx = to_device(rep, device)
+        penalties = [rows[i].params.repetition_penalty for i in rep]
+        vals = logits[idx]
+        scaled = torch.where(vals > 0, divide_rows(vals, penalties),
+                             vals * to_device(penalties, device, vals.dtype)[:, None])
+        logits[idx] = torch.where(seen, scaled, vals)
+    freq = [i for i, r in enumerate(rows)
+            if r.output_token_ids and (r.params.frequency_penalty or r.params.presence_penalty)]
+    if freq:
+        counts = token_counts([rows[i].output_token_ids for i in freq], vocab, device, logits.dtype)
+        idx = to_device(freq, device)
+        f = to_device([rows[i].params.frequency_penalty for i in freq], device, logits.dtype)
+        p = to_device([rows[i].params.presence_penalty for i in freq], device, logits.dtype)
+        vals = logits[idx]
+        logits[idx] = torch.where(counts > 0, vals - (f[:, None] * counts + p[:, None]), vals)
 
 
-def filter_logits(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, top-p (Holtzman et al. 2020, nucleus sampling) and min-p
-    (Nguyen et al. 2024) on one ``[vocab_size]`` row; removed tokens get -inf."""
-    row = row / p.temperature
-    if 0 < p.top_k < row.shape[-1]:
-        kth = torch.topk(row, p.top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
+    (Nguyen et al. 2024), each row with its own parameters; removed tokens get -inf.
+
+    Args:
+        logits: ``[num_rows, vocab_size]`` fp32 (not modified).
+        params: one per row; temperature 0 rows are left unscaled.
+
+    Returns:
+        New ``[num_rows, vocab_size]`` fp32 logits. Each row holds exactly the values filtering
+        that row alone would give (the same operations, row-wise); a filter no row asks for is skipped.
+    """
+    device = logits.device
+    vocab = logits.shape[-1]
+    x = divide_rows(logits, [p.temperature or 1.0 for p in params])
+    top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(top_ks):
+        top = torch.topk(x, max(top_ks), dim=-1).values  # [num_rows, max_k]
+        kth = top.gather(1, to_device([max(k - 1, 0) for k in top_ks], device)[:, None])
+        kth = kth.masked_fill(to_device([k == 0 for k in top_ks], device)[:, None], float("-inf"))
+        x = x.masked_fill(x < kth, float("-inf"))
+    if any(p.top_p < 1.0 for p in params):
+        sorted_logits, order = torch.sort(x, dim=-1, descending=True)
         probs = sorted_logits.softmax(-1)
+        top_p = to_device([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
         # drop a token when the mass before it already reaches top_p (keeps at least one)
-        drop = probs.cumsum(-1) - probs >= p.top_p
+        drop = probs.cumsum(-1) - probs >= top_p[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        row = torch.full_like(row, float("-inf")).scatter(0, order, sorted_logits)
-    if p.min_p > 0:
-        probs = row.softmax(-1)
-        row = row.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
-    return row
+        x = x.scatter_(1, order, sorted_logits)  # order is a permutation: every entry is written
+    if any(p.min_p > 0 for p in params):
+        probs = x.softmax(-1)
+        min_p = to_device([p.min_p for p in params], device, x.dtype)[:, None]
+        x = x.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+    return x
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
-    """Pick one token per row.
+def sample_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """Pick one token per row, without reading anything back to the host.
 
     Args:
         logits: ``[num_rows, vocab_size]`` fp32, straight from the model (not modified).
         rows: one :class:`SampleRow` per row.
 
     Returns:
-        A :class:`SamplerOutput`. Greedy rows (temperature 0) take the argmax of the penalized
-        logits; the others sample from softmax of the filtered logits with the row's generator
-        (the default RNG when it is None). Log-probabilities are the raw model's.
+        ``[num_rows]`` int64 token ids on the logits' device. Greedy rows (temperature 0) take the
+        argmax of the penalized logits; the others sample from softmax of the filtered logits by
+        ``torch.multinomial``'s own one-sample path (``argmax(probs / q)``, ``q`` exponential
+        noise: the Gumbel-max trick), written out because ``torch.multinomial`` first checks its
+        input with two ``.item()`` host syncs. A seeded row draws its ``q`` with
+        ``exponential_(1, generator=row.generator)`` on its own ``[vocab_size]`` row, as
+        ``torch.multinomial(probs_row, 1, generator=row.generator)`` does, so its stream and its token
+        are those of the row-by-row sampler whatever the batch holds; unseeded rows sharing a
+        generator (the engine's default, or the global RNG for None) draw their noise in one call.
     """
+    device = logits.device
     needs_processing = any(r.params.has_penalties or r.params.min_tokens for r in rows)
     processed = logits.clone() if needs_processing else logits
     if needs_processing:
         apply_penalties(processed, rows)
-    out = processed.argmax(dim=-1).tolist()
-    for i, r in enumerate(rows):
-        if r.params.is_greedy:
-            continue
-        probs = filter_logits(processed[i], r.params).softmax(-1)
-        out[i] = int(torch.multinomial(probs, 1, generator=r.generator).item())
-    result = SamplerOutput(out, [None] * len(rows))
+    tokens = processed.argmax(dim=-1)
+    sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    if not sampled:
+        return tokens
+    x = processed if len(sampled) == len(rows) else processed[to_device(sampled, device)]
+    probs = filter_logits(x, [rows[i].params for i in sampled]).softmax(-1)  # [num_sampled, vocab]
+    noise = torch.empty_like(probs)
+    groups: dict[int, tuple[Optional[torch.Generator], list[int]]] = {}
+    for j, i in enumerate(sampled):
+        r = rows[i]
+        if r.is_seeded:
+            noise[j].exponential_(1, generator=r.generator)
+        else:
+            groups.setdefault(id(r.generator), (r.generator, []))[1].append(j)
+    for generator, js in groups.values():
+        if len(js) == len(sampled):
+            noise.exponential_(1, generator=generator)
+        else:
+            noise[to_device(js, device)] = torch.empty(len(js), probs.shape[-1], device=device).exponential_(
+                1, generator=generator)
+    draws = (probs / noise).argmax(dim=-1)
+    if len(sampled) == len(rows):
+        return draws
+    tokens[to_device(sampled, device)] = draws
+    return tokens
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
+    """:func:`sample_tokens`, then the log-probabilities rows ask for (the raw model's: before
+    penalties and temperature), read back with one device-to-host copy.
+
+    Args:
+        logits: ``[num_rows, vocab_size]`` fp32 (not modified).
+        rows: one :class:`SampleRow` per row.
+    """
+    tokens = sample_tokens(logits, rows)
+    transfer = HostTransfer()
+    transfer.add(tokens)
     lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
     if lp_rows:
-        lps = torch.log_softmax(logits[lp_rows].float(), dim=-1)
-        for lp, i in zip(lps, lp_rows):
-            result.logprobs[i] = top_logprobs(lp, out[i], rows[i].params.logprobs)
+        every = len(lp_rows) == len(rows)
+        idx = to_device(lp_rows, logits.device)
+        lps = torch.log_softmax((logits if every else logits[idx]).float(), dim=-1)
+        nums = [rows[i].params.logprobs for i in lp_rows]
+        for t in gather_logprobs(lps, tokens if every else tokens[idx], max(nums)).tensors():
+            transfer.add(t)
+    host_tokens, *host_lp = transfer.fetch()
+    token_ids = host_tokens.tolist()
+    result = SamplerOutput(token_ids, [None] * len(rows))
+    if lp_rows:
+        entries = logprob_entries([token_ids[i] for i in lp_rows], host_lp, nums)
+        for i, entry in zip(lp_rows, entries):
+            result.logprobs[i] = entry
     return result

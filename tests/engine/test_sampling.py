@@ -68,7 +68,7 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached():
 
 def test_top_k_top_p_min_p_filters():
     logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
-    kept = lambda **kw: torch.isfinite(filter_logits(logits, SamplingParams(**kw))).tolist()
+    kept = lambda **kw: torch.isfinite(filter_logits(logits[None], [SamplingParams(**kw)])[0]).tolist()
     assert kept(top_k=2) == [True, True, False, False]
     assert kept(top_p=0.7) == [True, True, False, False]  # 0.5 < 0.7, then 0.75 reaches it
     assert kept(top_p=0.5) == [True, False, False, False]
@@ -89,6 +89,28 @@ def test_logprobs_entries_have_ranks_and_no_infinities():
     entry = sample(torch.tensor([[0.0, float("-inf")]]), [row(SamplingParams(temperature=1.0, logprobs=2,
                                                                               seed=0))])
     assert entry.logprobs[0][-1] == (1, LOGPROB_SENTINEL, 2)
+
+
+def test_seeded_tokens_are_the_row_by_row_samplers(tiny_llama_dir):
+    """Seeded requests with filters and penalties next to a greedy one, through the engine."""
+    llm = make_llm(tiny_llama_dir)
+    ps = prompts(seed=5, lengths=(4, 19, 33))
+    sps = [
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=11, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=1.2, min_p=0.05, repetition_penalty=1.2, frequency_penalty=0.3,
+                       presence_penalty=0.2, seed=12, max_tokens=10, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.3),
+    ]
+    outs = llm.generate(ps, sps)
+    # recorded once with the row-by-row sampler this one replaced (revision 95ed8dc)
+    assert [o.outputs[0].token_ids for o in outs] == [
+        [14, 123, 30, 198, 168, 116, 55, 86, 204, 82],
+        [103, 177, 228, 248, 36, 60, 37, 142, 230, 103],
+        [60, 186, 211, 181, 51, 144, 215, 6, 47, 233],
+    ]
+    first = outs[1].outputs[0].logprobs[0]
+    assert [(t, e.rank) for t, e in first.items()] == [(103, 3), (99, 1), (219, 2)]
+    assert first[103].logprob == pytest.approx(-3.3661680221557617, abs=1e-6)
 
 
 def test_greedy_top_k_1_and_tiny_top_p_agree(tiny_llama_dir):
