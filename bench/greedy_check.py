@@ -19,8 +19,9 @@ when transformers' gap there is at most ``--max-tie-gap`` logits, or when it com
 34 and 6, with gaps 0.0, 0.125 and 0.0 (ties at bf16 resolution: 0.125 is one bf16 step of a logit between 16 and 32). A
 position threshold would have to be at most 6 to pass two correct implementations, so by default
 every divergence must be a near-tie (``--min-divergence`` 64, the whole output) of at most 1.0
-logit: 8 bf16 steps at that magnitude, where an engine with wrong logits parts with a gap of whole
-logits (``tests/bench/test_greedy_check.py``).
+logit: 8 bf16 steps at that magnitude. An engine made to pick its least likely token parts with the
+gap of the logits' whole range, 1.85 even on the flat random-weight model of
+``tests/bench/test_greedy_check.py``.
 
 Exit status 1 when any prompt diverges early, 0 otherwise.
 """
