@@ -67,7 +67,9 @@ step_command() {
     kernel_tests:0) LIMIT=150; CMD=("$PYTHON" -m pytest -q tests/kernels --junitxml="$RAW/kernel_tests.xml") ;;
     kernel_tests:1) LIMIT=300; CMD=("$PYTHON" -m pytest -q tests/kernels/test_kv_cache.py
         tests/kernels/test_paged_attention.py tests/kernels/test_prefill_attention.py tests/kernels/test_rms_norm.py
-        tests/kernels/test_compile.py -k "dtype1 and 64 and not 128 or compiles" --junitxml="$RAW/kernel_tests.xml") ;;
+        tests/kernels/test_compile.py tests/kernels/test_cpu_paged_attention.py tests/kernels/test_attention_tile_loop.py
+        -k "dtype1 and 64 and not 128 or compiles or context_of_one or 16-64 or shared_loop"
+        --junitxml="$RAW/kernel_tests.xml") ;;
     engine_cuda_tests:*) LIMIT=$((small ? 300 : 90)); CMD=("$PYTHON" -m pytest -q "${engine_tests[@]}"
         --junitxml="$RAW/engine_cuda_tests.xml") ;;
     greedy_check:0) LIMIT=120; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.greedy_check --n 8 --device cuda
@@ -90,14 +92,15 @@ step_command() {
 }
 
 # the JUnit verdict of a test step: what may be skipped where (tests/kernels/test_engine_kernels.py
-# is the CPU-interpreter run of the kernel path; the memory-profiling test of the real cache needs CUDA)
+# is the CPU-interpreter run of the kernel path, the C attention kernel is a CPU one; on CPU the
+# tests of the Triton backend and of the real cache's memory budget need CUDA)
 junit_command() {
   case "$1:$small" in
     kernel_tests:0) CMD=("$PYTHON" -m bench.junit_check "$RAW/kernel_tests.xml" --min-passed 100
-        --allow-skip "CPU-interpreter run") ;;
-    kernel_tests:1) CMD=("$PYTHON" -m bench.junit_check "$RAW/kernel_tests.xml" --min-passed 12
-        --allow-skip "Triton without its CUDA backend") ;;
-    engine_cuda_tests:0) CMD=("$PYTHON" -m bench.junit_check "$RAW/engine_cuda_tests.xml" --min-passed 10) ;;
+        --allow-skip "CPU-interpreter run" --allow-skip "CPU attention kernel could not be built") ;;
+    kernel_tests:1) CMD=("$PYTHON" -m bench.junit_check "$RAW/kernel_tests.xml" --min-passed 20) ;;
+    engine_cuda_tests:0) CMD=("$PYTHON" -m bench.junit_check "$RAW/engine_cuda_tests.xml" --min-passed 10
+        --allow-skip "CPU attention kernel could not be built") ;;
     engine_cuda_tests:1) CMD=("$PYTHON" -m bench.junit_check "$RAW/engine_cuda_tests.xml" --min-passed 10
         --allow-skip "CUDA") ;;
     *) CMD=() ;;
