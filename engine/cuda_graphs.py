@@ -20,38 +20,14 @@ from __future__ import annotations
 
 import logging
 import time
-from enum import Enum
 
 import torch
 
+from weir.engine.engine_args import CUDAGraphMode
 from weir.engine.scheduler import SchedulerOutput
 from weir.engine.step_inputs import StepInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
-
-
-class CUDAGraphMode(str, Enum):
-    """Which steps replay CUDA graphs (vLLM's ``CompilationConfig.cudagraph_mode`` names).
-
-    - ``NONE``: every step eager;
-    - ``PIECEWISE``: every step that fits a bucket replays piecewise graphs;
-    - ``FULL_DECODE_ONLY``: decode-only steps replay full graphs, the others run eagerly;
-    - ``FULL_AND_PIECEWISE``: decode-only steps replay full graphs (attention inside: faster),
-      every other step that fits a bucket piecewise graphs.
-    """
-
-    NONE = "NONE"
-    PIECEWISE = "PIECEWISE"
-    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
-    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
-
-    @property
-    def has_full(self) -> bool:
-        return self in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE)
-
-    @property
-    def has_piecewise(self) -> bool:
-        return self in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
 
 
 FULL, PIECEWISE, EAGER = "full", "piecewise", "eager"

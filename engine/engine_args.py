@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Optional
 
-from weir.engine.cuda_graphs import CUDAGraphMode
 
 DTYPE_ALIASES = {
     "auto": "auto",
@@ -38,6 +38,30 @@ def normalize_dtype(dtype: Any) -> str:
     return canonical
 
 
+class CUDAGraphMode(str, Enum):
+    """Which steps replay CUDA graphs (vLLM's ``CompilationConfig.cudagraph_mode`` names).
+
+    - ``NONE``: every step eager;
+    - ``PIECEWISE``: every step that fits a bucket replays piecewise graphs;
+    - ``FULL_DECODE_ONLY``: decode-only steps replay full graphs, the others run eagerly;
+    - ``FULL_AND_PIECEWISE``: decode-only steps replay full graphs (attention inside: faster),
+      every other step that fits a bucket piecewise graphs.
+    """
+
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+    @property
+    def has_full(self) -> bool:
+        return self in (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+    @property
+    def has_piecewise(self) -> bool:
+        return self in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)
+
+
 @dataclass
 class EngineArgs:
     """Everything that shapes one engine instance.
@@ -66,7 +90,7 @@ class EngineArgs:
         skip_tokenizer_init: load no tokenizer (prompts must be token ids).
         enforce_eager: on CUDA, run every step eagerly (no CUDA graphs, whatever ``cudagraph_mode``).
         cudagraph_mode: which steps replay CUDA graphs on CUDA (vLLM's names,
-            ``weir.engine.cuda_graphs.CUDAGraphMode``): ``FULL_AND_PIECEWISE`` (decode-only steps a
+            ``CUDAGraphMode``): ``FULL_AND_PIECEWISE`` (decode-only steps a
             full graph, every other step that fits a bucket piecewise graphs), ``PIECEWISE``,
             ``FULL_DECODE_ONLY`` or ``NONE``; case-insensitive, held upper-case.
         cudagraph_capture_sizes: the piecewise buckets (token counts); default

