@@ -121,22 +121,46 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     x = divide_rows(logits, [p.temperature or 1.0 for p in params])
     top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(top_ks):
-        top = torch.topk(x, max(top_ks), dim=-1).values  # [num_rows, max_k]
-        kth = top.gather(1, to_device([max(k - 1, 0) for k in top_ks], device)[:, None])
-        kth = kth.masked_fill(to_device([k == 0 for k in top_ks], device)[:, None], float("-inf"))
-        x = x.masked_fill(x < kth, float("-inf"))
+        rows, sub = asking_rows(x, [k > 0 for k in top_ks])
+        ks = [top_ks[i] for i in rows] if rows is not None else top_ks
+        top = torch.topk(sub, max(ks), dim=-1).values  # [num_asking, max_k]
+        kth = top.gather(1, to_device([k - 1 for k in ks], device)[:, None])
+        x = put_rows(x, rows, sub.masked_fill(sub < kth, float("-inf")))
     if any(p.top_p < 1.0 for p in params):
-        sorted_logits, order = torch.sort(x, dim=-1, descending=True)
+        rows, sub = asking_rows(x, [p.top_p < 1.0 for p in params])
+        sorted_logits, order = torch.sort(sub, dim=-1, descending=True)
         probs = sorted_logits.softmax(-1)
-        top_p = to_device([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
+        top_p = to_device([p.top_p for p in (params if rows is None else [params[i] for i in rows])], device)
         # drop a token when the mass before it already reaches top_p (keeps at least one)
         drop = probs.cumsum(-1) - probs >= top_p[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        x = x.scatter_(1, order, sorted_logits)  # order is a permutation: every entry is written
+        x = put_rows(x, rows, sub.scatter_(1, order, sorted_logits))  # order is a permutation
     if any(p.min_p > 0 for p in params):
-        probs = x.softmax(-1)
-        min_p = to_device([p.min_p for p in params], device, x.dtype)[:, None]
-        x = x.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+        rows, sub = asking_rows(x, [p.min_p > 0 for p in params])
+        probs = sub.softmax(-1)
+        min_p = to_device([p.min_p for p in (params if rows is None else [params[i] for i in rows])], device,
+                          x.dtype)[:, None]
+        x = put_rows(x, rows, sub.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values,
+                                              float("-inf")))
+    return x
+
+
+def asking_rows(x: torch.Tensor, asks: list[bool]) -> tuple[Optional[list[int]], torch.Tensor]:
+    """The rows of ``x`` a filter applies to: ``(None, x)`` when every row asks (no copy), else
+    their indices and a ``[num_asking, vocab_size]`` copy of them, so that a filter's sort or
+    softmax costs only the rows that ask for it."""
+    if all(asks):
+        return None, x
+    rows = [i for i, a in enumerate(asks) if a]
+    return rows, x[to_device(rows, x.device)]
+
+
+def put_rows(x: torch.Tensor, rows: Optional[list[int]], values: torch.Tensor) -> torch.Tensor:
+    """``x`` with a filter's result: ``values`` itself when every row asked, else ``x`` with the
+    asking rows overwritten in place."""
+    if rows is None:
+        return values
+    x[to_device(rows, x.device)] = values
     return x
 
 

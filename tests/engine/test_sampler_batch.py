@@ -189,3 +189,17 @@ def test_penalized_logits_equal_the_row_by_row_ones():
     apply_penalties(got, rows)
     assert torch.equal(got, want)
     assert not torch.equal(got, torch.stack([q.logits for q in reqs]))  # something was penalized
+
+
+def test_each_filter_uses_its_own_rows_parameters_among_rows_that_skip_it():
+    """Filters run only on the rows asking for them (a sort costs only those rows): rows with
+    distinct top-k, top-p and min-p values, interleaved with rows that skip each filter, give
+    exactly what filtering each row alone gives."""
+    params = [SamplingParams(temperature=1.0, top_p=0.5), SamplingParams(temperature=0.7),
+              SamplingParams(temperature=1.0, top_p=0.95, top_k=7), SamplingParams(temperature=1.3, min_p=0.2),
+              SamplingParams(temperature=1.0, top_k=2, min_p=0.05), SamplingParams(temperature=0.9, top_p=0.7)]
+    torch.manual_seed(11)
+    logits = torch.randn(len(params), VOCAB) * 3
+    batched = filter_logits(logits, params)
+    for i, p in enumerate(params):
+        assert torch.equal(batched[i], ref_filter(logits[i], p)), i
