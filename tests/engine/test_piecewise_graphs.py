@@ -4,7 +4,7 @@ to the eager forward, padding that never reaches the cache, the full/piecewise/e
 per-mode step counters, and no op but attention between the pieces."""
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,28 +18,10 @@ from weir.engine.engine_args import EngineArgs  # noqa: E402
 from weir.engine.piecewise_graphs import PiecewiseGraphs, piecewise_capture_sizes, resolve_capture_sizes  # noqa: E402
 from weir.engine.scheduler import ScheduledRequest, SchedulerOutput  # noqa: E402
 from weir.engine.step_inputs import build_step_inputs  # noqa: E402
+from tests.engine.steps import Req, mixed_step  # noqa: E402
 
 CPU = torch.device("cpu")
 BLOCK_SIZE, NUM_BLOCKS = 4, 12
-
-
-@dataclass
-class Req:
-    """What the step builder reads of a request."""
-
-    all_token_ids: list[int]
-    block_table: list[int]
-    num_computed_tokens: int
-
-
-def mixed_step() -> SchedulerOutput:
-    """10 tokens: decode A, chunk D (2 over a 2-token prefix), chunk C (4 over 4), fresh prompt B."""
-    a = Req(list(range(10, 16)), [7, 2], 5)
-    b = Req([20, 21, 22], [3], 0)
-    c = Req(list(range(30, 40)), [5, 1], 4)
-    d = Req(list(range(40, 44)), [6], 2)
-    return SchedulerOutput([ScheduledRequest(b, 3), ScheduledRequest(c, 4), ScheduledRequest(a, 1),
-                            ScheduledRequest(d, 2)])
 
 
 def five_token_step() -> SchedulerOutput:

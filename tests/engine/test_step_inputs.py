@@ -1,7 +1,6 @@
 """The step builder: packed order, vLLM's field names, CUDA-graph padding and the graph-input
 copies, with exact values (block size 4)."""
 
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -9,28 +8,10 @@ import torch
 from weir.engine.cuda_graphs import DecodeGraphs
 from weir.engine.scheduler import ScheduledRequest, SchedulerOutput
 from weir.engine.step_inputs import build_step_inputs
+from tests.engine.steps import Req, mixed_step
 
 CPU = torch.device("cpu")
 DEVICES = [CPU] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
-
-
-@dataclass
-class Req:
-    """What the builder reads of a request."""
-
-    all_token_ids: list[int]
-    block_table: list[int]
-    num_computed_tokens: int
-
-
-def mixed_step() -> SchedulerOutput:
-    """Scheduled as fresh prompt B, long chunk C, decode A, short chunk D."""
-    a = Req(list(range(10, 16)), [7, 2], 5)   # decode of token 15 at position 5
-    b = Req([20, 21, 22], [3], 0)            # fresh prompt, 3 tokens
-    c = Req(list(range(30, 40)), [5, 1], 4)  # chunk of 4 over a 4-token prefix
-    d = Req(list(range(40, 44)), [6], 2)     # chunk of 2 over a 2-token prefix
-    return SchedulerOutput([ScheduledRequest(b, 3), ScheduledRequest(c, 4), ScheduledRequest(a, 1),
-                            ScheduledRequest(d, 2)])
 
 
 def as_lists(inputs):
