@@ -93,7 +93,8 @@ class EngineArgs:
             ``CUDAGraphMode``): ``FULL_AND_PIECEWISE`` (decode-only steps a
             full graph, every other step that fits a bucket piecewise graphs), ``PIECEWISE``,
             ``FULL_DECODE_ONLY`` or ``NONE``; case-insensitive, held upper-case.
-        cudagraph_capture_sizes: the piecewise buckets (token counts); default
+        cudagraph_capture_sizes: the piecewise buckets (token counts, integers >= 1; held sorted
+            and distinct, as vLLM holds them); default
             ``weir.engine.piecewise_graphs.piecewise_capture_sizes``.
         max_cudagraph_capture_size: the largest piecewise bucket (default 512, at most
             ``max_num_batched_tokens``); steps with more tokens run eagerly.
@@ -131,6 +132,16 @@ class EngineArgs:
         if str(self.cudagraph_mode).upper() not in modes:
             raise ValueError(f"cudagraph_mode={self.cudagraph_mode!r} is not one of {', '.join(modes)}")
         self.cudagraph_mode = str(self.cudagraph_mode).upper()
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None:
+            # vLLM keeps the buckets sorted and distinct whatever order they were given in
+            if isinstance(sizes, (str, bytes)) or not all(is_int(b) and b >= 1 for b in sizes) or not sizes:
+                raise ValueError(f"cudagraph_capture_sizes={sizes!r} must be a non-empty list of integers >= 1")
+            self.cudagraph_capture_sizes = sorted(set(sizes))
+        if self.max_cudagraph_capture_size is not None and not is_int(self.max_cudagraph_capture_size):
+            raise ValueError(f"max_cudagraph_capture_size={self.max_cudagraph_capture_size!r} must be an integer")
+        if not isinstance(self.measure_step_gpu_time, bool):
+            raise ValueError(f"measure_step_gpu_time={self.measure_step_gpu_time!r} must be True or False")
         checks = {
             "max_num_seqs": self.max_num_seqs >= 1,
             "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
@@ -142,10 +153,13 @@ class EngineArgs:
             "load_format": self.load_format in LOAD_FORMATS,
             "device": self.device in DEVICES,
             "max_logprobs": self.max_logprobs >= 0,
-            "cudagraph_capture_sizes": self.cudagraph_capture_sizes is None or (
-                len(self.cudagraph_capture_sizes) > 0 and min(self.cudagraph_capture_sizes) >= 1),
             "max_cudagraph_capture_size": self.max_cudagraph_capture_size is None or self.max_cudagraph_capture_size >= 1,
         }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r} is out of range")
+
+
+def is_int(v: Any) -> bool:
+    """An ``int`` that is not a ``bool``."""
+    return isinstance(v, int) and not isinstance(v, bool)

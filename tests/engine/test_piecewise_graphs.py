@@ -200,8 +200,14 @@ def test_capture_sizes_and_mode_knobs():
     assert EngineArgs(cudagraph_mode="piecewise").cudagraph_mode == "PIECEWISE"
     with pytest.raises(ValueError, match="cudagraph_mode='FULL' is not one of"):
         EngineArgs(cudagraph_mode="FULL")
-    with pytest.raises(ValueError, match="cudagraph_capture_sizes"):
-        EngineArgs(cudagraph_capture_sizes=[0, 4])
+    for bad in ([0, 4], [], "8", [2.0], [True]):
+        with pytest.raises(ValueError, match="cudagraph_capture_sizes"):
+            EngineArgs(cudagraph_capture_sizes=bad)
+    assert EngineArgs(cudagraph_capture_sizes=[8, 4, 8]).cudagraph_capture_sizes == [4, 8]
+    with pytest.raises(ValueError, match="max_cudagraph_capture_size"):
+        EngineArgs(max_cudagraph_capture_size="512")
+    with pytest.raises(ValueError, match="measure_step_gpu_time"):
+        EngineArgs(measure_step_gpu_time="yes")
     with pytest.raises(ValueError, match="capture sizes must be ascending"):
         PiecewiseGraphs(None, None, None, [4, 2], CPU, capture=False)
 
