@@ -103,10 +103,14 @@ class SamplingParams:
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
                      "spaces_between_special_tokens"):
             need(isinstance(getattr(self, name), bool), name, "True or False")
+        need(self.stop is None or isinstance(self.stop, (str, list, tuple)), "stop",
+             "None, a string or a list of strings")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         need(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings")
+        need(self.stop_token_ids is None or isinstance(self.stop_token_ids, (list, tuple)), "stop_token_ids",
+             "a list of token ids")
         self.stop_token_ids = list(self.stop_token_ids or [])
         need(all(integer_value(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
              "non-negative integers")

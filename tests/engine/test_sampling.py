@@ -29,6 +29,8 @@ from tests.engine.test_llm_tiny import assert_all_blocks_free, make_llm, prompts
     ({"prompt_logprobs": 1.5}, "prompt_logprobs must be None or >= 0, got 1.5"),
     ({"stop": ["ok", ""]}, "stop must be non-empty strings, got ['ok', '']"),
     ({"stop_token_ids": [3, -1]}, "stop_token_ids must be non-negative integers, got [3, -1]"),
+    ({"stop": 5}, "stop must be None, a string or a list of strings, got 5"),
+    ({"stop_token_ids": 7}, "stop_token_ids must be a list of token ids, got 7"),
 ])
 def test_out_of_range_fields_name_the_field(kwargs, message):
     with pytest.raises(ValueError) as err:
