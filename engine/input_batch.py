@@ -13,6 +13,8 @@ import heapq
 import numpy as np
 import torch
 
+from weir.engine.host_transfer import to_device
+
 # the largest span of rows copied in one piece; above it only the changed rows travel (2 copies and
 # a scatter kernel). Not measured on a GPU: 256 KiB is ~5-10 us at 25-50 GB/s, about the host cost
 # of the two extra launches.
@@ -124,8 +126,7 @@ class BlockTable:
             # staged rows: [num_changed, max_num_blocks_per_req]
             staged = torch.empty(len(rows), self.max_num_blocks_per_req, dtype=torch.int32, pin_memory=self._pin)
             np.take(self.block_table_np, rows, axis=0, out=staged.numpy())
-            index = torch.tensor(rows, dtype=torch.int64).pin_memory() if self._pin else torch.tensor(rows)
-            self.block_table_device.index_copy_(0, index.to(self.device, non_blocking=True),
+            self.block_table_device.index_copy_(0, to_device(rows, self.device, torch.int64),
                                                 staged.to(self.device, non_blocking=True))
         if self.device.type == "cuda":
             self._copy_done = torch.cuda.Event()
