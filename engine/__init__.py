@@ -11,13 +11,14 @@ Public API::
 """
 
 from weir.engine.outputs import ClassificationOutput, CompletionOutput, RequestOutput
-from weir.engine.sampling_params import SamplingParams
+from weir.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = [
     "LLM",
     "EngineFront",
     "EngineStepError",
     "SamplingParams",
+    "StructuredOutputsParams",
     "RequestOutput",
     "CompletionOutput",
     "ClassificationOutput",

@@ -3,13 +3,122 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 # Log-probability reported for a token the sampling filters removed, or any value that is not a
 # finite float: JSON has no -inf or NaN (the OpenAI-compatible servers use the same number).
 LOGPROB_SENTINEL = -9999.0
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrains a request's output to a language (vLLM's ``StructuredOutputsParams``): exactly one
+    of ``json``, ``regex``, ``choice``, ``grammar`` or ``json_object`` is set. Compiled and enforced
+    by xgrammar (``weir.engine.structured_outputs``): at each step, tokens the grammar cannot take
+    next are masked before sampling, and the grammar's end admits only the end-of-sequence token.
+
+    Attributes:
+        json: a JSON Schema (a dict, or its text); the output is one JSON value valid against it.
+        regex: a regular expression the whole output matches.
+        choice: the output is exactly one of these strings.
+        grammar: an EBNF grammar (GBNF as llama.cpp and xgrammar read it; the start rule is ``root``).
+        json_object: the output is any JSON object (OpenAI's ``{"type": "json_object"}``).
+        disable_any_whitespace: JSON without free whitespace between tokens (``", "`` and ``": "``
+            separators), which keeps a small model from spending its tokens on blank space.
+
+    Raises:
+        ValueError: none or more than one constraint set, or one of the wrong type; the message names
+            the field (``structured_outputs.<field>``). A schema, regex or grammar the backend cannot
+            compile is refused by ``weir.engine.structured_outputs.check``, not here.
+    """
+
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
+
+    KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+    def __post_init__(self) -> None:
+        def fail(name: str, rule: str) -> None:
+            raise ValueError(f"structured_outputs.{name} must be {rule}, got {getattr(self, name)!r}")
+
+        if self.json is not None:
+            if isinstance(self.json, str):
+                try:
+                    parsed = json.loads(self.json)
+                except ValueError as e:
+                    raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+                if not isinstance(parsed, (dict, bool)):
+                    fail("json", "a JSON Schema (an object)")
+            elif not isinstance(self.json, dict):
+                fail("json", "a JSON Schema (a dict or its JSON text)")
+        if self.regex is not None and not (isinstance(self.regex, str) and self.regex):
+            fail("regex", "a non-empty string")
+        if self.grammar is not None and not (isinstance(self.grammar, str) and self.grammar.strip()):
+            fail("grammar", "a non-empty EBNF string")
+        if self.choice is not None:
+            if isinstance(self.choice, tuple):
+                self.choice = list(self.choice)
+            if not (isinstance(self.choice, list) and self.choice
+                    and all(isinstance(c, str) and c for c in self.choice)):
+                fail("choice", "a non-empty list of non-empty strings")
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            fail("json_object", "True, False or None")
+        if not isinstance(self.disable_any_whitespace, bool):
+            fail("disable_any_whitespace", "True or False")
+        chosen = [k for k in self.KINDS if getattr(self, k) not in (None, False)]
+        if len(chosen) != 1:
+            raise ValueError("structured_outputs must set exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {', '.join(chosen) or 'none'}")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: ``"json"``, ``"regex"``, ``"choice"``, ``"grammar"`` or ``"json_object"``."""
+        return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """``(kind, spec text, disable_any_whitespace)``: equal for constraints that compile to the same
+        grammar (a schema dict and its JSON text share one key); the compiled-grammar cache's key."""
+        spec: Any = getattr(self, self.kind)
+        if self.kind == "json":
+            spec = json.loads(spec) if isinstance(spec, str) else spec
+            spec = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+        elif self.kind == "choice":
+            spec = json.dumps(spec)
+        elif self.kind == "json_object":
+            spec = ""
+        return self.kind, spec, self.disable_any_whitespace
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StructuredOutputsParams":
+        """From its JSON form (the fields by name), as a job carries it.
+
+        Raises:
+            ValueError: ``d`` is not a dict, holds an unknown field, or a field is invalid.
+        """
+        if isinstance(d, cls):
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"structured_outputs must be an object, got {d!r}")
+        unknown = sorted(set(d) - set(cls.KINDS) - {"disable_any_whitespace"})
+        if unknown:
+            raise ValueError(f"structured_outputs has unknown field(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(cls.KINDS)}, disable_any_whitespace")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        """The set fields, JSON-serialisable; ``from_dict`` reads it back."""
+        out = {self.kind: getattr(self, self.kind)}
+        if self.disable_any_whitespace:
+            out["disable_any_whitespace"] = True
+        return out
 
 
 @dataclass
@@ -46,6 +155,9 @@ class SamplingParams:
             computed in full, without prefix-cache hits).
         skip_special_tokens: drop special tokens from the output text.
         spaces_between_special_tokens: put spaces around special tokens kept in the text.
+        structured_outputs: a :class:`StructuredOutputsParams` (or its dict form) constraining the
+            output; ``None`` for free text. An output cut by ``max_tokens`` finishes as ``"length"``
+            and may be incomplete; one that completes the grammar finishes as ``"stop"``.
 
     Raises:
         ValueError: a field is out of range; the message names the field.
@@ -70,6 +182,7 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -116,6 +229,10 @@ class SamplingParams:
              "non-negative integers")
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        need(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+             "structured_outputs", "None or a StructuredOutputsParams")
 
     @property
     def is_greedy(self) -> bool:

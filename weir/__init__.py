@@ -13,7 +13,7 @@ torch is imported only when ``LLM`` is first used.
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 
 def __getattr__(name):
@@ -21,8 +21,8 @@ def __getattr__(name):
         from weir.engine.llm import LLM
 
         return LLM
-    if name == "SamplingParams":
-        from weir.engine.sampling_params import SamplingParams
+    if name in ("SamplingParams", "StructuredOutputsParams"):
+        from weir.engine import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
     raise AttributeError(f"module 'weir' has no attribute {name!r}")
