@@ -149,7 +149,7 @@ def main(argv=None) -> int:
 
     def outputs(runner_cls):
         scheduled, num_tokens = mixed_step()
-        runner = types.SimpleNamespace(model=MetaModel(32, 8))
+        runner = types.SimpleNamespace(model=MetaModel(32, 8), structured_outputs=None)
         return lambda: runner_cls._outputs(runner, scheduled, torch.zeros(num_tokens, 8, device="meta"))
 
     steps = [count_syncs(outputs(m.ModelRunner)) for m in (before_runner, model_runner_after)]

@@ -33,6 +33,7 @@ from weir.engine.piecewise_graphs import resolve_capture_sizes
 from weir.engine.request import Request, RequestStatus
 from weir.engine.sampling_params import SamplingParams
 from weir.engine.scheduler import Scheduler, SchedulerOutput, SchedulerUpdate
+from weir.engine.structured_outputs import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ class LLMEngine:
         self.kv = KVCacheManager(self.block_pool, args.block_size, self.runner.copy_block,
                                  extra_key=self.model_name)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len)
+        self.structured_outputs = StructuredOutputManager(self.tokenizer, self.config.vocab_size, self.eos_token_ids)
+        self.runner.structured_outputs = self.structured_outputs
         self.default_generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self._ids = itertools.count()
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -191,6 +194,8 @@ class LLMEngine:
             raise ValueError(f"stop_token_ids outside the vocabulary [0, {vocab}): {outside[:5]}")
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if params.structured_outputs is not None:
+            self.structured_outputs.compile(params.structured_outputs)  # cached: the sequences reuse it
         self._check_id_free(request_id)
 
     def _check_id_free(self, request_id: Optional[str]) -> None:
@@ -211,7 +216,8 @@ class LLMEngine:
         Raises:
             ValueError: empty prompt, prompt too long, token ids outside the vocabulary, stop
                 strings without a tokenizer, more logprobs than ``max_logprobs``, timeout_s not > 0,
-                a request id already in use.
+                a request id already in use, ``structured_outputs`` the backend cannot compile (or
+                without a tokenizer).
         """
         self.check_request(prompt_token_ids, params, request_id, timeout_s)
         rid = request_id or self._fresh_id("gen")
@@ -233,6 +239,8 @@ class LLMEngine:
     def _new_sequence(self, rid: str, prompt_token_ids: list[int], params: SamplingParams, index: int,
                       prompt: Optional[str] = None) -> Request:
         req = Request(rid, prompt_token_ids, params, self.eos_token_ids, prompt=prompt, sample_index=index)
+        if params.structured_outputs is not None:
+            req.structured_output = self.structured_outputs.new_request(params.structured_outputs)
         seed = params.sample_seed(index)
         if seed is not None:
             req.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -421,7 +429,8 @@ class LLMEngine:
         the requests finished so far: for each of ``queue_time_s``, ``time_to_first_token_s``,
         ``e2e_latency_s`` a dict with ``count``, ``sum`` and ``max`` (seconds); and how the steps'
         forwards ran (``num_steps_cudagraph_full``, ``num_tokens_cudagraph_piecewise``,
-        ``forward_host_time_s_eager``, ...: ``weir.engine.cudagraph_stats``)."""
+        ``forward_host_time_s_eager``, ...: ``weir.engine.cudagraph_stats``); and structured outputs'
+        ``num_grammars_compiled``, ``grammar_cache_hits``, ``grammar_compile_time_s``."""
         timings = {k: {"count": c, "sum": t, "max": mx} for k, (c, t, mx) in self._timings.items()}
         return {
             "num_requests_running": len(self.scheduler.running),
@@ -434,5 +443,6 @@ class LLMEngine:
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_generation_tokens": self.num_generation_tokens,
             **self.runner.step_stats.as_dict(),
+            **self.structured_outputs.stats(),
             **timings,
         }

@@ -13,6 +13,7 @@ from weir.engine.logprobs import gather_logprobs, logprob_entries
 from weir.engine.sampler import SampleRow, sample_tokens
 from weir.engine.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from weir.engine.step_inputs import build_step_inputs
+from weir.engine.structured_outputs import apply_grammar_bitmask
 
 
 class ModelRunner:
@@ -52,6 +53,7 @@ class ModelRunner:
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(cfg.num_hidden_layers)]
         self.graphs = self.piecewise_graphs = None
+        self.structured_outputs = None  # the engine's StructuredOutputManager: fills grammar bitmasks
         self.cudagraph_summary = "no CUDA graphs"
         self.step_stats = CUDAGraphStats(measure_step_gpu_time and device.type == "cuda")
         self.input_batch = InputBatch(max_num_seqs or 1, -(-(max_model_len or block_size) // block_size), device)
@@ -169,6 +171,10 @@ class ModelRunner:
         lp_reqs: list[int] = []  # indices into sample_reqs
         if sample_rows:
             logits = self.model.compute_logits(hidden[to_device(sample_rows, device)])
+            if self.structured_outputs is not None:
+                bitmask = self.structured_outputs.grammar_bitmask([r.structured_output for r in sample_reqs])
+                if bitmask is not None:  # reported log-probabilities are the masked ones, as in vLLM
+                    apply_grammar_bitmask(logits, bitmask)
             rows = [SampleRow(r.sampling_params, r.generator, r.prompt_token_ids, r.output_token_ids,
                               r.eos_token_ids) for r in sample_reqs]
             tokens = sample_tokens(logits, rows)

@@ -88,6 +88,8 @@ class Request:
         self.block_hashes: list = []  # chain hashes of the full blocks of all_token_ids
         self.num_preemptions = 0
         self.generator = None
+        # grammar state (weir.engine.structured_outputs.StructuredOutputRequest) of a constrained sequence
+        self.structured_output = None
         self.scoring = scoring
         self.sample_index = sample_index  # which of the request's ``n`` samples this sequence is
         self.logprobs: list = []  # per output token: sampler entries (see engine.sampler.TokenLogprob)

@@ -13,12 +13,15 @@ it calls nothing outside the scheduler and the KV cache manager.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from weir.engine.kv_cache_manager import KVCacheManager
 from weir.engine.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -186,7 +189,15 @@ class Scheduler:
             req.metrics["first_token_time"] = time.time()
         p = req.sampling_params
         may_stop = len(req.output_token_ids) >= p.min_tokens
-        if may_stop and not p.ignore_eos and token in req.eos_token_ids:
+        grammar = req.structured_output
+        if grammar is not None and not grammar.accept(token):
+            # only when every token was masked (min_tokens banning the end the grammar requires)
+            req.status = RequestStatus.FINISHED_ABORTED
+            req.stop_reason = "grammar"
+            logger.warning("request %s: token %d is outside its grammar; aborted", req.request_id, token)
+        elif grammar is not None and grammar.is_terminated:
+            req.status = RequestStatus.FINISHED_STOPPED
+        elif may_stop and not p.ignore_eos and token in req.eos_token_ids:
             req.status = RequestStatus.FINISHED_STOPPED
         elif may_stop and token in p.stop_token_ids:
             req.status = RequestStatus.FINISHED_STOPPED

@@ -80,3 +80,128 @@ def check(params: SamplingParams | StructuredOutputsParams | None) -> None:
     spec = params.structured_outputs if isinstance(params, SamplingParams) else params
     if spec is not None:
         _grammar(spec)
+
+
+class StructuredOutputRequest:
+    """The grammar state of one sequence: an xgrammar ``GrammarMatcher`` that has accepted every
+    output token so far. It follows the sequence through chunked prefill and preemption by
+    recompute (those recompute tokens it already accepted and sample nothing in between); each
+    sequence of an ``n > 1`` request has its own, started fresh."""
+
+    def __init__(self, matcher: "xgrammar.GrammarMatcher"):
+        self.matcher = matcher
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False (state unchanged) when the grammar cannot take it."""
+        return self.matcher.accept_token(token_id)
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar has ended: it accepted a stop token after a complete output."""
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    """Compiles constraints for one tokenizer and fills the token bitmasks of a step.
+
+    The xgrammar tokenizer info and compiler are built on first use (a model without structured
+    requests never imports xgrammar). Compiled grammars are cached by
+    :attr:`StructuredOutputsParams.key` for the engine's tokenizer, so thousands of jobs that share
+    a schema compile it once; :meth:`stats` reports compilations, cache hits and compile time.
+
+    Args:
+        tokenizer: the engine's Hugging Face tokenizer (None: every constrained request is refused).
+        vocab_size: the model's logits width (may exceed the tokenizer's vocabulary).
+        eos_token_ids: the tokens that end a complete output (the grammar's stop tokens).
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int]):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._compiler = None
+        self._batch_matcher = None
+        self._cache: dict[tuple, "xgrammar.CompiledGrammar"] = {}
+        self._lock = threading.Lock()
+        self.num_compiled = 0
+        self.num_cache_hits = 0
+        self.compile_time_s = 0.0
+        self.last_compile_time_s: Optional[float] = None
+
+    def _get_compiler(self):
+        if self._compiler is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs need a tokenizer (skip_tokenizer_init is set)")
+            xgr = _xgrammar()
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.eos_token_ids or None)
+            self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+            self._batch_matcher = xgr.BatchGrammarMatcher()
+        return self._compiler
+
+    def compile(self, spec: StructuredOutputsParams) -> "xgrammar.CompiledGrammar":
+        """The compiled grammar of ``spec`` (from the cache when one with the same key was compiled).
+
+        Raises:
+            ValueError: no tokenizer, or a constraint xgrammar cannot compile (naming the field).
+        """
+        key = spec.key
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self.num_cache_hits += 1
+                return compiled
+            compiler = self._get_compiler()
+            started = time.perf_counter()
+            compiled = compiler.compile_grammar(_grammar(spec))
+            elapsed = time.perf_counter() - started
+            self._cache[key] = compiled
+            self.num_compiled += 1
+            self.compile_time_s += elapsed
+            self.last_compile_time_s = elapsed
+            return compiled
+
+    def new_request(self, spec: StructuredOutputsParams) -> StructuredOutputRequest:
+        """A fresh matcher at the grammar's start, for one sequence."""
+        xgr = _xgrammar()
+        return StructuredOutputRequest(xgr.GrammarMatcher(self.compile(spec)))
+
+    def grammar_bitmask(self, states: list[Optional[StructuredOutputRequest]]) -> Optional[torch.Tensor]:
+        """The step's token bitmask for the rows being sampled, filled in one batched call.
+
+        Args:
+            states: per sampled row, its sequence's grammar state, or None for a free row.
+
+        Returns:
+            ``[num_rows, ceil(vocab_size / 32)]`` int32 on the host (bit ``t % 32`` of word
+            ``t // 32`` set: token ``t`` allowed; free rows allow every token), or None when no
+            row is constrained.
+        """
+        rows = [i for i, s in enumerate(states) if s is not None]
+        if not rows:
+            return None
+        xgr = _xgrammar()
+        self._get_compiler()
+        bitmask = xgr.allocate_token_bitmask(len(states), self.vocab_size)
+        self._batch_matcher.batch_fill_next_token_bitmask([states[i].matcher for i in rows], bitmask, rows)
+        return bitmask
+
+    def stats(self) -> dict:
+        return {"num_grammars_compiled": self.num_compiled, "grammar_cache_hits": self.num_cache_hits,
+                "grammar_compile_time_s": self.compile_time_s}
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set to -inf, in place, the logits of tokens the bitmask disallows.
+
+    Args:
+        logits: ``[num_rows, vocab_size]`` fp32 on any device.
+        bitmask: ``[num_rows, ceil(vocab_size / 32)]`` int32 on the host
+            (:meth:`StructuredOutputManager.grammar_bitmask`); copied to the logits' device.
+    """
+    xgr = _xgrammar()
+    if logits.device.type == "cpu":
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1])
+    else:
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                        vocab_size=logits.shape[-1])

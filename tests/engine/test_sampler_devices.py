@@ -172,7 +172,7 @@ def mixed_step():
 
 def test_a_mixed_step_copies_to_the_host_once():
     scheduled, num_tokens = mixed_step()
-    runner = SimpleNamespace(model=MetaModel(VOCAB, 8))
+    runner = SimpleNamespace(model=MetaModel(VOCAB, 8), structured_outputs=None)
     hidden = torch.zeros(num_tokens, 8, device="meta")
     with HostSyncs() as mode:
         out = ModelRunner._outputs(runner, scheduled, hidden)
@@ -209,7 +209,7 @@ def test_every_generation_row_with_logprobs_next_to_prompt_logprobs():
     prompt = Request("prompt", [3, 4, 5, 6], SamplingParams(temperature=0, logprobs=1, prompt_logprobs=3))
     scheduled = [ScheduledRequest(gen, 1), ScheduledRequest(prompt, 4)]
     with HostSyncs() as mode:
-        out = ModelRunner._outputs(SimpleNamespace(model=MetaModel(VOCAB, 8)), scheduled,
+        out = ModelRunner._outputs(SimpleNamespace(model=MetaModel(VOCAB, 8), structured_outputs=None), scheduled,
                                    torch.zeros(5, 8, device="meta"))
     assert mode.num_transfers == 1
     assert {rid: len(e) for rid, e in out.logprobs.items()} == {"gen": 3, "prompt": 2}
