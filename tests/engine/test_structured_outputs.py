@@ -1,0 +1,242 @@
+"""Structured outputs: every finished output is valid; masked greedy decoding equals an unbatched
+reference (transformers + one xgrammar matcher, token by token); the grammar state survives
+chunked prefill, preemption by recompute and n > 1 forks; cut outputs are reported as "length"."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+import xgrammar as xgr
+
+from weir.engine import LLM, SamplingParams, StructuredOutputsParams
+from weir.engine.structured_outputs import check, choice_grammar
+
+SCHEMAS = {
+    "nested": {"type": "object", "additionalProperties": False, "required": ["item", "size"],
+               "properties": {"item": {"type": "object", "additionalProperties": False, "required": ["ok"],
+                                       "properties": {"ok": {"type": "boolean"}}},
+                              "size": {"enum": ["S", "M", "L"]}}},
+    "enum": {"enum": ["red", "green", "blue", 3, None]},
+    "array": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+              "minItems": 1, "maxItems": 3},
+    "bounded_numbers": {"type": "object", "additionalProperties": False, "required": ["n", "x"],
+                        "properties": {"n": {"type": "integer", "minimum": -5, "maximum": 5},
+                                       "x": {"type": "number", "minimum": 0, "maximum": 1}}},
+    "string_pattern": {"type": "object", "additionalProperties": False, "required": ["code"],
+                       "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"}}},
+}
+REGEX = r"(yes|no)-[0-9]{1,3}"
+CHOICES = ["alpha", "beta gamma", 'quote " and \\ slash']
+
+
+def constraint(kind: str, name: str | None = None) -> StructuredOutputsParams:
+    if kind == "json":
+        return StructuredOutputsParams(json=SCHEMAS[name], disable_any_whitespace=True)
+    if kind == "regex":
+        return StructuredOutputsParams(regex=REGEX)
+    if kind == "choice":
+        return StructuredOutputsParams(choice=CHOICES)
+    if kind == "grammar":
+        return StructuredOutputsParams(grammar='root ::= "(" [a-c]+ ")"')
+    return StructuredOutputsParams(json_object=True)
+
+
+GRID = [("json", n) for n in SCHEMAS] + [("regex", None), ("choice", None), ("grammar", None),
+                                         ("json_object", None)]
+
+
+def valid(spec: StructuredOutputsParams, text: str) -> bool:
+    if spec.kind == "json":
+        try:
+            jsonschema.validate(json.loads(text), spec.json)
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+    if spec.kind == "regex":
+        return re.fullmatch(spec.regex, text) is not None
+    if spec.kind == "choice":
+        return text in spec.choice
+    if spec.kind == "grammar":
+        return re.fullmatch(r"\([a-c]+\)", text) is not None
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def prompt_ids(tokenizer, i: int) -> list[int]:
+    return tokenizer.encode(f"Request number {i}: answer in the required format.")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir):
+    return LLM(tiny_model_dir, num_gpu_blocks_override=128, max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).eval()
+
+
+def reference_greedy(hf_model, tokenizer, eos_id: int, prompt: list[int], spec, max_tokens: int) -> list[int]:
+    """One sequence, no batch and no cache: transformers' logits, masked by one matcher."""
+    vocab = hf_model.config.vocab_size
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab, stop_token_ids=[eos_id])
+    grammar = StructuredOutputsParams.from_dict(spec.to_dict())
+    from weir.engine.structured_outputs import _grammar
+
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_grammar(_grammar(grammar)))
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            logits = hf_model(torch.tensor([ids])).logits[0, -1].float()[None]
+            bitmask = xgr.allocate_token_bitmask(1, vocab)
+            matcher.fill_next_token_bitmask(bitmask)
+            xgr.apply_token_bitmask_inplace(logits, bitmask)
+            token = int(logits.argmax())
+            out.append(token)
+            ids.append(token)
+            assert matcher.accept_token(token)
+            if matcher.is_terminated():
+                break
+    return out
+
+
+def grid_requests(tokenizer, repeat: int = 1):
+    return [(prompt_ids(tokenizer, i), constraint(*GRID[i % len(GRID)])) for i in range(len(GRID) * repeat)]
+
+
+def test_every_finished_output_is_valid_on_a_grid_of_constraints(llm):
+    tok = llm.get_tokenizer()
+    reqs = grid_requests(tok, repeat=3)
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=48, structured_outputs=s)
+              for i, (_, s) in enumerate(reqs)]
+    outs = llm.generate([p for p, _ in reqs], params)
+    reasons = [o.outputs[0].finish_reason for o in outs]
+    for (_, spec), o in zip(reqs, outs):
+        c = o.outputs[0]
+        if c.finish_reason == "stop":
+            assert valid(spec, c.text), (spec.kind, c.text)
+    # every kind has at least one complete output (random weights: long strings may run to length)
+    done_kinds = {GRID[i % len(GRID)] for i, r in enumerate(reasons) if r == "stop"}
+    assert done_kinds == set(GRID), set(GRID) - done_kinds
+    assert set(reasons) <= {"stop", "length"}
+
+
+def test_masked_greedy_equals_the_unbatched_reference(llm, hf_model):
+    tok = llm.get_tokenizer()
+    eos = tok.eos_token_id
+    reqs = grid_requests(tok)
+    params = [SamplingParams(temperature=0, max_tokens=24, structured_outputs=s) for _, s in reqs]
+    got = [o.outputs[0].token_ids for o in llm.generate([p for p, _ in reqs], params)]
+    want = [reference_greedy(hf_model, tok, eos, p, s, 24) for p, s in reqs]
+    assert got == want
+
+
+def test_grammar_state_survives_chunked_prefill_and_preemption(tiny_model_dir):
+    """An 8-token budget splits every prompt (11 tokens) into chunks; 6 blocks for 8 sequences
+    preempt some."""
+    plain = LLM(tiny_model_dir, num_gpu_blocks_override=256, max_model_len=256)
+    tight = LLM(tiny_model_dir, num_gpu_blocks_override=6, max_model_len=96, max_num_batched_tokens=8,
+                max_num_seqs=8)
+    tok = plain.get_tokenizer()
+    reqs = grid_requests(tok)[:8]
+    params = [SamplingParams(temperature=0.7, seed=i, max_tokens=40, structured_outputs=s)
+              for i, (_, s) in enumerate(reqs)]
+    want = plain.generate([p for p, _ in reqs], params)
+    got = tight.generate([p for p, _ in reqs], params)
+    assert tight.llm_engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    for (_, spec), o in zip(reqs, got):
+        if o.outputs[0].finish_reason == "stop":
+            assert valid(spec, o.outputs[0].text)
+
+
+def test_n_samples_each_follow_the_grammar_and_equal_single_requests(llm):
+    """Each of n sequences has its own matcher; sample i equals a request with sample i's seed."""
+    tok = llm.get_tokenizer()
+    spec = constraint("json", "bounded_numbers")
+    prompt = prompt_ids(tok, 0)
+    out = llm.generate([prompt], SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=32,
+                                                structured_outputs=spec))[0]
+    assert len(out.outputs) == 4
+    for i, c in enumerate(out.outputs):
+        if c.finish_reason == "stop":
+            assert valid(spec, c.text), c.text
+        single = llm.generate([prompt], SamplingParams(temperature=1.0, seed=SamplingParams(seed=7).sample_seed(i),
+                                                       max_tokens=32, structured_outputs=spec))[0]
+        assert single.outputs[0].token_ids == c.token_ids
+    assert sum(c.finish_reason == "stop" for c in out.outputs) >= 1
+
+
+def test_cut_output_is_length_and_a_stop_string_ends_a_constrained_request(llm):
+    tok = llm.get_tokenizer()
+    spec = constraint("json", "nested")
+    cut = llm.generate([prompt_ids(tok, 1)], SamplingParams(temperature=0, max_tokens=3, structured_outputs=spec))
+    c = cut[0].outputs[0]
+    assert (c.finish_reason, len(c.token_ids)) == ("length", 3)
+    assert not valid(spec, c.text)
+    full = llm.generate([prompt_ids(tok, 1)], SamplingParams(temperature=0, max_tokens=40,
+                                                             structured_outputs=spec))[0].outputs[0]
+    assert full.finish_reason == "stop" and valid(spec, full.text)
+    stopped = llm.generate([prompt_ids(tok, 1)], SamplingParams(temperature=0, max_tokens=40, stop=['"size"'],
+                                                                structured_outputs=spec))[0].outputs[0]
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", '"size"')
+    assert stopped.text == full.text[:full.text.index('"size"')]
+
+
+def test_compiled_once_per_spec(tiny_model_dir):
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=64, max_model_len=128)
+    tok = llm.get_tokenizer()
+    spec_text = json.dumps(SCHEMAS["enum"])
+    params = [SamplingParams(temperature=0, max_tokens=8,
+                             structured_outputs=StructuredOutputsParams(json=spec_text if i % 2 else SCHEMAS["enum"],
+                                                                        disable_any_whitespace=True))
+              for i in range(10)]
+    llm.generate([prompt_ids(tok, i) for i in range(10)], params)
+    stats = llm.llm_engine.stats()
+    # one compile; every later lookup finds it (a schema and its text share a key): per request,
+    # generate's check of the whole batch, add_request's check and the sequence's matcher
+    assert stats["num_grammars_compiled"] == 1
+    assert stats["grammar_cache_hits"] == 3 * 10 - 1
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"json": {"type": "object", "properties": {"a": {"type": "strnig"}}}}, "structured_outputs.json"),
+    ({"regex": "(ab"}, "structured_outputs.regex"),
+    ({"grammar": "root ::= undefined_rule"}, "structured_outputs.grammar"),
+])
+def test_a_constraint_the_backend_cannot_compile_is_refused_before_anything_runs(llm, spec, field):
+    params = SamplingParams(max_tokens=4, structured_outputs=spec)
+    with pytest.raises(ValueError, match=re.escape(field)):
+        check(params)
+    with pytest.raises(ValueError, match=re.escape(field)):
+        llm.generate([[1, 2, 3], [4, 5, 6]], [SamplingParams(max_tokens=4), params])
+    assert not llm.llm_engine.has_unfinished()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({}, "exactly one of"),
+    ({"json": {"type": "object"}, "regex": "a"}, "exactly one of"),
+    ({"choice": "ab"}, "structured_outputs.choice"),
+    ({"json": "{not json"}, "structured_outputs.json is not valid JSON"),
+    ({"jsn": {}}, "unknown field(s) jsn"),
+    ({"json_object": "yes"}, "structured_outputs.json_object"),
+])
+def test_params_are_checked_naming_the_field(bad, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SamplingParams(structured_outputs=bad)
+
+
+def test_choice_grammar_quotes_every_string():
+    assert choice_grammar(["a", 'b"c']) == 'root ::= "a" | "b\\"c"'
+
+
+def test_without_a_tokenizer_constraints_are_refused(tiny_model_dir):
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=32, max_model_len=64, skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        llm.generate([[1, 2]], SamplingParams(structured_outputs={"regex": "a+"}))
