@@ -59,7 +59,8 @@ def _grammar(spec: StructuredOutputsParams) -> "xgrammar.Grammar":
             return xgr.Grammar.from_ebnf(choice_grammar(spec.choice))
         if kind == "grammar":
             return xgr.Grammar.from_ebnf(spec.grammar)
-        return xgr.Grammar.builtin_json_grammar()
+        # any JSON object (OpenAI's json_object), as vLLM compiles it
+        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=not spec.disable_any_whitespace)
     except (RuntimeError, ValueError, TypeError) as e:
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         # xgrammar prefixes its messages with "[time] file.cc:line: "

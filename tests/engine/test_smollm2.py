@@ -74,3 +74,20 @@ def test_64_jobs_sharing_a_system_prompt_hit_the_prefix_cache(llm):
     assert sum(o.num_cached_tokens for o in outs) == hits
     pool = llm.llm_engine.block_pool
     assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_structured_outputs_are_valid_on_the_real_model(llm):
+    """The grid of tests/engine/test_structured_outputs.py on SmolLM2, greedy and sampled: every
+    output that finished parses and validates, and most finish."""
+    from tests.engine.test_structured_outputs import GRID, constraint, valid
+
+    messages = [[{"role": "user", "content": f"Give a short answer for product {i} in the required format."}]
+                for i in range(2 * len(GRID))]
+    prompts = [llm.encode_prompt(m) for m in messages]
+    specs = [constraint(*GRID[i % len(GRID)]) for i in range(len(prompts))]
+    params = [SamplingParams(temperature=0 if i < len(GRID) else 0.8, seed=i, max_tokens=64, structured_outputs=s)
+              for i, s in enumerate(specs)]
+    outs = llm.generate(prompts, params)
+    finished = [(s, o.outputs[0]) for s, o in zip(specs, outs) if o.outputs[0].finish_reason == "stop"]
+    assert all(valid(s, c.text) for s, c in finished), [(s.kind, c.text) for s, c in finished if not valid(s, c.text)]
+    assert len(finished) >= len(prompts) - 2, [o.outputs[0].text for o in outs]

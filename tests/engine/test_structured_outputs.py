@@ -240,3 +240,16 @@ def test_without_a_tokenizer_constraints_are_refused(tiny_model_dir):
     llm = LLM(tiny_model_dir, num_gpu_blocks_override=32, max_model_len=64, skip_tokenizer_init=True)
     with pytest.raises(ValueError, match="need a tokenizer"):
         llm.generate([[1, 2]], SamplingParams(structured_outputs={"regex": "a+"}))
+
+
+def test_json_object_admits_objects_only(llm):
+    """OpenAI's json_object is an object, not any JSON value: the first token opens one."""
+    manager = llm.llm_engine.structured_outputs
+    state = manager.new_request(StructuredOutputsParams(json_object=True, disable_any_whitespace=True))
+    bitmask = manager.grammar_bitmask([state])
+    logits = torch.zeros(1, manager.vocab_size)
+    from weir.engine.structured_outputs import apply_grammar_bitmask
+
+    apply_grammar_bitmask(logits, bitmask)
+    allowed = [llm.get_tokenizer().decode([t]) for t in torch.isfinite(logits[0]).nonzero().flatten().tolist()]
+    assert allowed and all(a.startswith("{") for a in allowed), allowed[:20]
