@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -108,21 +109,25 @@ class StructuredOutputManager:
     The xgrammar tokenizer info and compiler are built on first use (a model without structured
     requests never imports xgrammar). Compiled grammars are cached by
     :attr:`StructuredOutputsParams.key` for the engine's tokenizer, so thousands of jobs that share
-    a schema compile it once; :meth:`stats` reports compilations, cache hits and compile time.
+    a schema compile it once; the least recently used is dropped past ``max_cached_grammars``
+    (a running sequence keeps its own reference). :meth:`stats` reports compilations, cache hits and
+    compile time.
 
     Args:
         tokenizer: the engine's Hugging Face tokenizer (None: every constrained request is refused).
         vocab_size: the model's logits width (may exceed the tokenizer's vocabulary).
         eos_token_ids: the tokens that end a complete output (the grammar's stop tokens).
+        max_cached_grammars: compiled grammars kept.
     """
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int]):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int], max_cached_grammars: int = 256):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self._compiler = None
         self._batch_matcher = None
-        self._cache: dict[tuple, "xgrammar.CompiledGrammar"] = {}
+        self._cache: OrderedDict[tuple, "xgrammar.CompiledGrammar"] = OrderedDict()
+        self.max_cached_grammars = max_cached_grammars
         self._lock = threading.Lock()
         self.num_compiled = 0
         self.num_cache_hits = 0
@@ -151,12 +156,15 @@ class StructuredOutputManager:
             compiled = self._cache.get(key)
             if compiled is not None:
                 self.num_cache_hits += 1
+                self._cache.move_to_end(key)
                 return compiled
             compiler = self._get_compiler()
             started = time.perf_counter()
             compiled = compiler.compile_grammar(_grammar(spec))
             elapsed = time.perf_counter() - started
             self._cache[key] = compiled
+            if len(self._cache) > self.max_cached_grammars:
+                self._cache.popitem(last=False)
             self.num_compiled += 1
             self.compile_time_s += elapsed
             self.last_compile_time_s = elapsed

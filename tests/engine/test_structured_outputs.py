@@ -253,3 +253,18 @@ def test_json_object_admits_objects_only(llm):
     apply_grammar_bitmask(logits, bitmask)
     allowed = [llm.get_tokenizer().decode([t]) for t in torch.isfinite(logits[0]).nonzero().flatten().tolist()]
     assert allowed and all(a.startswith("{") for a in allowed), allowed[:20]
+
+
+def test_the_grammar_cache_drops_the_least_recently_used(llm):
+    from weir.engine.structured_outputs import StructuredOutputManager
+
+    eng = llm.llm_engine
+    manager = StructuredOutputManager(eng.tokenizer, eng.config.vocab_size, eng.eos_token_ids, max_cached_grammars=2)
+    a, b, c = (StructuredOutputsParams(regex=r) for r in ("a+", "b+", "c+"))
+    manager.compile(a)
+    manager.compile(b)
+    manager.compile(a)  # a is now the most recent
+    manager.compile(c)  # drops b
+    manager.compile(a)
+    manager.compile(b)  # compiled again
+    assert (manager.num_compiled, manager.num_cache_hits) == (4, 2)
