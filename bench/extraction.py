@@ -6,8 +6,10 @@ Usage::
 
 One greedy request per product, constrained by the catalog's extraction schema
 (``weir.jobs.extraction``). Printed from one run: the share of outputs that parse and validate
-(outputs cut by ``max_tokens`` counted apart, as ``length``), tokens/s, and per field the precision
-(correct / predicted non-null) and recall (correct / products whose ground truth has the field).
+(outputs cut by ``max_tokens`` counted apart, as ``length``), tokens/s, and per field, over the
+products whose ground truth has the field (the others cannot be judged; their non-null predictions
+are counted as ``unjudged``), the precision (correct / predicted non-null) and the recall
+(correct / products with the field).
 Flipkart's ground truth is its ``product_specifications`` (Ruby-hash key/value pairs); BigBasket's
 is its ``brand`` column. Values compare after case folding and whitespace normalisation; a
 predicted value is correct when it equals the truth or one contains the other as whole words
@@ -67,18 +69,22 @@ def main(argv=None) -> int:
     print(f"{args.catalog}: {n} products, greedy, max_tokens={args.max_tokens}: "
           f"{n - cut - invalid} valid, {invalid} invalid, {cut} cut by max_tokens (length); "
           f"valid among finished {(n - cut - invalid) / max(1, n - cut):.1%}; {tokens / wall:.1f} tok/s, {wall:.0f} s")
-    print(f"{'field':16s} {'truth':>6s} {'pred':>6s} {'correct':>8s} {'precision':>9s} {'recall':>7s}")
+    print(f"{'field':16s} {'truth':>6s} {'pred':>6s} {'correct':>8s} {'precision':>9s} {'recall':>7s} "
+          f"{'unjudged':>8s}")
     for field, truth_key in spec.truth_fields.items():
-        truth_n = pred_n = correct = 0
+        truth_n = pred_n = correct = unjudged = 0
         for p, v in zip(products, parsed):
             truth = p.truth.get(truth_key)
             pred = None if v is None else v.get(field)
             has_pred = pred not in (None, "") and normalise(pred) != ""
-            truth_n += truth is not None
+            if truth is None:
+                unjudged += has_pred
+                continue
+            truth_n += 1
             pred_n += has_pred
-            correct += has_pred and truth is not None and values_match(pred, truth)
+            correct += has_pred and values_match(pred, truth)
         print(f"{field:16s} {truth_n:6d} {pred_n:6d} {correct:8d} {correct / max(1, pred_n):9.1%} "
-              f"{correct / max(1, truth_n):7.1%}")
+              f"{correct / max(1, truth_n):7.1%} {unjudged:8d}")
     for p, c in list(zip(products, comps))[:args.show]:
         print(f"- {p.name[:60]!r} -> {c.text}")
     return 0
