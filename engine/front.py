@@ -88,11 +88,15 @@ class EngineFront:
         """Queue one generation; the future gives a ``RequestOutput``.
 
         Raises:
-            ValueError: the prompt is empty or too long (raised here, nothing is queued).
+            ValueError: the prompt is empty or too long, or ``structured_outputs`` cannot be
+                compiled (raised here, nothing is queued).
             RuntimeError: the front is shutting down.
         """
         with self._tok_lock:  # tokenizers are not guaranteed thread-safe
             ids = self.llm.encode_prompt(prompt)
+        if params.structured_outputs is not None:
+            # compiled here, in the caller's thread, so that the step loop finds it cached
+            self._engine.structured_outputs.compile(params.structured_outputs)
         text = prompt_text(prompt)
         return self._submit(lambda rid: self._engine.add_request(ids, params, rid, text), "gen")
 

@@ -268,3 +268,21 @@ def test_the_grammar_cache_drops_the_least_recently_used(llm):
     manager.compile(a)
     manager.compile(b)  # compiled again
     assert (manager.num_compiled, manager.num_cache_hits) == (4, 2)
+
+
+def test_the_front_compiles_in_the_callers_thread_and_refuses_there(llm):
+    from weir.engine import EngineFront
+
+    front = EngineFront(llm)
+    try:
+        with pytest.raises(ValueError, match=re.escape("structured_outputs.regex")):
+            front.submit_generate([5, 6, 7], SamplingParams(structured_outputs={"regex": "(a"}))
+        before = llm.llm_engine.structured_outputs.num_compiled
+        spec = StructuredOutputsParams(regex=r"[0-9]{2}-only-front")
+        fut = front.submit_generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=16, structured_outputs=spec))
+        # compiled by the time submit_generate returns (in the caller, before queueing)
+        assert llm.llm_engine.structured_outputs.num_compiled == before + 1
+        out = fut.result(timeout=120).outputs[0]
+        assert out.finish_reason == "length" or re.fullmatch(spec.regex, out.text)
+    finally:
+        front.shutdown()
