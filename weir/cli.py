@@ -99,7 +99,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
             spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, column=args.category_col))
         catalog = read_catalog(args.catalog, spec, limit=args.limit)
     except (OSError, ValueError) as exc:
-        print(f"weir enrich: {exc}", file=sys.stderr)
+        hint = ("; name the catalog's columns in a job spec (--spec FILE, layout in jobs/spec.py)"
+                if args.spec is None and "no column" in str(exc) else "")
+        print(f"weir enrich: {exc}{hint}", file=sys.stderr)
         return EXIT_USAGE
     if not catalog.products:
         print(f"weir enrich: {args.catalog} has no products", file=sys.stderr)
