@@ -19,7 +19,9 @@ own column; exemplars come from the leave-one-out pool of the whole file, :mod:`
 
 Description configurations: ``spec`` (the spec's sampling), ``none`` (no stop, no penalty: the job
 before), ``stop`` (stop at a newline), ``rpX`` (stop and repetition_penalty X), ``fpX`` (stop and
-frequency_penalty X). Each reports the share of descriptions whose quality is ``ok``
+frequency_penalty X), ``sent`` (stop at a newline or the first sentence end ". ", "! ", "? ",
+kept in the text, max_tokens 96), ``sentrpX`` (the same with repetition_penalty X); ``CONFIG+ask``
+ends the user turn with the request for one sentence. Each reports the share of descriptions whose quality is ``ok``
 (:func:`weir.jobs.quality.description_quality`), the flags, mean tokens, time per product.
 
 Cost per product: wall seconds of the engine call over the products, and prompt tokens per product
@@ -76,6 +78,11 @@ def classify_alternative(llm, catalog, index, name):
     return [o.label for o in outs], time.perf_counter() - t, tokens, cached
 
 
+USER_PROMPTS = {"ask": "Product: {name}\nBrand: {brand}\n\nWrite the one-sentence description of this product."}
+"""User-turn variants (``CONFIG+ask``): the spec's lists the fields only, a small model may echo them."""
+
+SENTENCE_STOPS = ["\n", ". ", "! ", "? "]
+
 DESCRIBE_CONFIGS = {
     "none": dict(stop=None, repetition_penalty=1.0, frequency_penalty=0.0),
     "stop": dict(stop=["\n"], repetition_penalty=1.0, frequency_penalty=0.0),
@@ -86,6 +93,12 @@ def describe_config(spec, name):
     sampling = dict(spec.describe.sampling)
     if name in DESCRIBE_CONFIGS:
         sampling.update(DESCRIBE_CONFIGS[name])
+    elif name.startswith("sent"):
+        # end at the first sentence end (the prompt asks for one sentence), room for a long one
+        rest = name[len("sent"):]
+        sampling.update(stop=SENTENCE_STOPS, include_stop_str_in_output=True, max_tokens=96,
+                        repetition_penalty=float(rest[2:]) if rest.startswith("rp") else 1.0,
+                        frequency_penalty=0.0)
     elif name.startswith("rp"):
         sampling.update(stop=["\n"], repetition_penalty=float(name[2:]), frequency_penalty=0.0)
     elif name.startswith("fp"):
@@ -108,10 +121,17 @@ def main(argv=None):
     ap.add_argument("--show", type=int, default=10, help="random descriptions shown per configuration")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--chunk", type=int, default=100, help="products per classification call")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     from weir import LLM, SamplingParams
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     spec = load_spec(args.spec)
     catalog = read_catalog(args.catalog, spec, limit=args.limit)
@@ -121,24 +141,40 @@ def main(argv=None):
     print(f"catalog {args.catalog}, spec {spec.path or 'default'}: {len(products)} products, "
           f"{len(catalog.labels)} labels, pool {len(catalog.pool)}; majority baseline "
           f"{100 * majority[1] / len(products):.1f} % ({majority[0]})")
-    llm = LLM(dtype=args.dtype, max_model_len=2048)
+    model_work = [n for n in args.classify.split(",") if n and n != "knn"] or args.describe
+    llm = LLM(dtype=args.dtype, max_model_len=2048) if model_work else None
     report = {"catalog": args.catalog, "spec": spec.path, "num_products": len(products),
               "majority": majority[1] / len(products), "classify": {}, "describe": {}}
     index = ExemplarIndex(catalog.pool) if catalog.pool else None
     for name in filter(None, args.classify.split(",")):
-        llm.reset_prefix_cache()
-        preds, wall_s, tokens, cached = classify_alternative(llm, catalog, index, name)
-        acc = sum(a == b for a, b in zip(preds, truth)) / len(products)
-        n = len(products)
-        print(f"classify {name:14s} accuracy {100 * acc:5.1f} %   {1000 * wall_s / n:7.1f} ms/product   "
-              f"{tokens / n:6.1f} prompt tokens/product ({cached / n:.1f} cached)", flush=True)
-        report["classify"][name] = dict(accuracy=acc, ms_per_product=1000 * wall_s / n,
-                                        prompt_tokens_per_product=tokens / n, cached_per_product=cached / n)
+        if llm is not None:
+            llm.reset_prefix_cache()
+        preds, wall_s, tokens, cached = [], 0.0, 0, 0
+        # in chunks, with a running figure after each: a long run on a busy machine still tells
+        # something when it is stopped
+        for start in range(0, len(products), args.chunk):
+            part = dataclasses.replace(catalog, products=products[start:start + args.chunk])
+            p, w, t, c = classify_alternative(llm, part, index, name)
+            preds, wall_s, tokens, cached = preds + p, wall_s + w, tokens + t, cached + c
+            n = len(preds)
+            acc = sum(a == b for a, b in zip(preds, truth)) / n
+            print(f"classify {name:14s} accuracy {100 * acc:5.1f} % over {n:4d}   "
+                  f"{1000 * wall_s / n:7.1f} ms/product   {tokens / n:6.1f} prompt tokens/product "
+                  f"({cached / n:.1f} cached)", flush=True)
+            report["classify"][name] = dict(accuracy=acc, num_products=n, ms_per_product=1000 * wall_s / n,
+                                            prompt_tokens_per_product=tokens / n, cached_per_product=cached / n)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(report, f, indent=1)
     described = products[:args.num_describe or len(products)]
-    reqs = [describe_request(p, spec) for p in described]
     rng = random.Random(args.seed)
     for name in filter(None, args.describe.split(",")):
+        name, _, prompt_name = name.partition("+")
+        user = USER_PROMPTS[prompt_name] if prompt_name else spec.describe.user_prompt
+        described_spec = dataclasses.replace(spec, describe=dataclasses.replace(spec.describe, user_prompt=user))
+        reqs = [describe_request(p, described_spec) for p in described]
         sampling = describe_config(spec, name)
+        name = f"{name}+{prompt_name}" if prompt_name else name
         llm.reset_prefix_cache()
         t = time.perf_counter()
         outs = llm.generate([r.engine_prompt() for r in reqs], SamplingParams(**sampling))
