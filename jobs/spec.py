@@ -30,8 +30,9 @@ Layout (every table and key optional)::
     system_prompt = "..."     # {shop}
     user_prompt = "..."       # {name}, {brand}; a line whose field is empty is left out
 
-    [describe.sampling]       # any engine SamplingParams field
-    temperature = 0.0; max_tokens = 64; stop = ["\\n"]; repetition_penalty = 1.0
+    [describe.sampling]       # any engine SamplingParams field; keys not given keep these
+    temperature = 0.0; max_tokens = 96; stop = ["\\n", ". ", "! ", "? "]
+    include_stop_str_in_output = true; repetition_penalty = 1.2
 
     [extract]                 # attribute extraction: reserved (needs structured outputs)
 """
@@ -58,7 +59,12 @@ DESCRIBE_SYSTEM_PROMPT = (
     "certifications or health claims, do not use lists, emojis or quotation marks, and write "
     "nothing after the sentence."
 )
-DESCRIBE_USER_PROMPT = "Product: {name}\nBrand: {brand}"
+DESCRIBE_USER_PROMPT = "Product: {name}\nBrand: {brand}\n\nWrite the one-sentence description of this product."
+DESCRIBE_SAMPLING = dict(temperature=0.0, max_tokens=96, stop=["\n", ". ", "! ", "? "],
+                         include_stop_str_in_output=True, repetition_penalty=1.2)
+"""Chosen by measurement (BENCHMARKS.md, catalog quality): end at the first sentence end or line
+break, keep the full stop, and penalise repeats; a listing of the fields alone made the model echo
+them in loops."""
 CLASSIFY_HEADER = "Products of {shop} and their categories."
 
 
@@ -101,8 +107,7 @@ class Classify:
 class Describe:
     system_prompt: str = DESCRIBE_SYSTEM_PROMPT
     user_prompt: str = DESCRIBE_USER_PROMPT
-    sampling: dict[str, Any] = field(default_factory=lambda: dict(
-        temperature=0.0, max_tokens=64, stop=["\n"], repetition_penalty=1.0))
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(DESCRIBE_SAMPLING))
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,14 @@ def test_shipped_specs_load_by_name():
     assert (flipkart.columns.id, flipkart.columns.name) == ("uniq_id", "product_name")
     assert (flipkart.taxonomy.column, flipkart.taxonomy.json_list, flipkart.taxonomy.separator) == (
         "product_category_tree", True, ">>")
-    assert flipkart.describe.sampling["stop"] == ["\n"]
+    assert flipkart.describe.sampling == load_spec(None).describe.sampling
     assert load_spec("bigbasket").taxonomy.hint_column == "sub_category"
 
 
 def test_sampling_keeps_defaults_for_keys_not_given():
-    spec = parse_spec({"describe": {"sampling": {"repetition_penalty": 1.2}}})
-    assert spec.describe.sampling == dict(temperature=0.0, max_tokens=64, stop=["\n"], repetition_penalty=1.2)
+    spec = parse_spec({"describe": {"sampling": {"repetition_penalty": 1.3, "max_tokens": 80}}})
+    assert spec.describe.sampling == dict(temperature=0.0, max_tokens=80, stop=["\n", ". ", "! ", "? "],
+                                          include_stop_str_in_output=True, repetition_penalty=1.3)
 
 
 def test_relative_taxonomy_file_is_resolved_against_the_spec(tmp_path):
