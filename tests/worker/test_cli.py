@@ -77,7 +77,9 @@ def test_enrich_missing_column(tmp_path):
     path.write_text("index,product\n1,Tea\n")
     done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
     assert done.returncode == 2
-    assert "no column 'brand', 'category', 'description'; header is ['index', 'product']" in done.stderr
+    assert done.stderr.strip().endswith(
+        "no column 'brand', 'description', 'category'; header is ['index', 'product']; name the catalog's "
+        "columns in a job spec (--spec FILE, layout in jobs/spec.py)")
 
 
 @pytest.mark.parametrize("limit", ["0", "-1"])
