@@ -1,43 +1,46 @@
 """Catalog enrichment: one classification and one description job per product, and their summary.
 
-The catalog is a CSV file (the BigBasket export: UTF-8, CRLF, quoted multi-line descriptions) read
-with the csv module. Real dirt is kept as it is (mojibake, empty descriptions) except for
-surrounding whitespace, which is stripped from every field (363 brands end in spaces).
+What a catalog looks like, and how it is prompted and decoded, comes from a job spec
+(:mod:`weir.jobs.spec`: columns, shop words, taxonomy, prompts, sampling). The catalog is a CSV
+file read with the csv module. Real dirt is kept as it is (mojibake, empty descriptions) except for
+surrounding whitespace, which is stripped from every field (363 BigBasket brands end in spaces).
 
-Prompts follow the project's catalog workloads: a fixed system prompt per task, so every request of
-a kind shares its longest prefix and the engine's prefix cache serves it.
+Every request of a kind starts with the same fixed text (the description's system prompt, the
+classification header), so the engine's prefix cache serves it.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 from collections import Counter
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from weir.jobs.exemplars import ExemplarIndex, Labelled
+from weir.jobs.quality import OK, description_quality
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest
-
-DESCRIPTION_MAX_TOKENS = 64
-
-DESCRIBE_SYSTEM_PROMPT = (
-    "You are a copywriter for an online grocery and household store. For the product the user "
-    "names, write exactly one sentence for its product page. Say what the product is and why a "
-    "shopper would want it, in a warm, factual tone, and mention the brand once. Do not invent "
-    "prices, weights, ingredients, certifications or health claims, do not use lists, emojis or "
-    "quotation marks, and write nothing after the sentence."
-)
-
-
-CLASSIFY_HEADER = "Products of an online grocery store and their categories.\n\n"
-"""The fixed text every classification prompt starts with (one shared, cached prefix)."""
+from weir.jobs.spec import JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
 
 
-def classify_prompt(name: str) -> str:
-    """The classification prompt of one product: a catalog line the category completes."""
-    return f"{CLASSIFY_HEADER}Product: {name}\nCategory:"
+def classify_header(spec: JobSpec) -> str:
+    """The fixed text every classification prompt starts with (one shared, cached prefix)."""
+    return spec.classify.header.format(shop=spec.domain.shop) + "\n\n"
+
+
+def catalog_line(name: str, label: Optional[str] = None) -> str:
+    """One product line of a classification prompt; without ``label`` it ends where the label goes."""
+    return f"Product: {name}\nCategory:" + ("" if label is None else f" {label}\n\n")
+
+
+def classify_prompt(spec: JobSpec, name: str, exemplars: Iterable[Labelled] = ()) -> str:
+    """The classification prompt of one product: the header, the exemplars' lines with their
+    categories, then the product's line that the category completes."""
+    shots = "".join(catalog_line(e.name, e.label) for e in exemplars)
+    return f"{classify_header(spec)}{shots}{catalog_line(name)}"
 
 
 def label_text(label: str, hints: list[str]) -> str:
@@ -46,20 +49,9 @@ def label_text(label: str, hints: list[str]) -> str:
 
 
 @dataclass(frozen=True)
-class CatalogColumns:
-    """Which CSV column holds which field (defaults: the BigBasket export's names)."""
-
-    product: str = "product"
-    brand: str = "brand"
-    category: str = "category"
-    description: str = "description"
-    id: str = "index"
-    sub_category: str = "sub_category"
-
-
-@dataclass(frozen=True)
 class Product:
-    """One catalog row, whitespace-stripped. ``category`` is the catalog's own (the ground truth)."""
+    """One catalog row, whitespace-stripped. ``category`` is the catalog's own label at the spec's
+    taxonomy level ("" when the row has none): the ground truth and, for others, an exemplar."""
 
     product_id: str
     name: str
@@ -70,105 +62,197 @@ class Product:
 
 @dataclass(frozen=True)
 class Catalog:
-    """Products to enrich, and the label set: every distinct non-empty category of the whole file,
-    sorted (also when only the first ``limit`` products are enriched). ``label_hints`` names each
-    category's commonest sub-categories (the catalog's own taxonomy, when it has that column)."""
+    """Products to enrich, the label set and the labelled pool.
+
+    ``labels``: every distinct label of the whole file at the taxonomy's level, sorted (also when
+    only the first ``limit`` products are enriched), or the taxonomy file's. ``label_hints`` names
+    each label's commonest sub-labels. ``pool``: every labelled row of the whole file (the
+    exemplars' source; empty when the labels come from a taxonomy file).
+    """
 
     path: str
     products: list[Product]
     labels: list[str]
     label_hints: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    pool: list[Labelled] = dataclasses.field(default_factory=list)
+    spec: JobSpec = JobSpec()
 
 
-def read_catalog(
-    path: str, columns: CatalogColumns = CatalogColumns(), limit: Optional[int] = None
-) -> Catalog:
-    """Read a catalog CSV.
+def label_path(cell: str, taxonomy: Taxonomy) -> list[str]:
+    """The label path held by one taxonomy cell: the JSON list's first string when ``json_list``,
+    split on ``separator`` when set, parts stripped; ``[]`` for an empty or unreadable cell."""
+    cell = cell.strip()
+    if taxonomy.json_list:
+        try:
+            items = json.loads(cell) if cell else []
+        except ValueError:
+            return []
+        cell = items[0].strip() if items and isinstance(items[0], str) else ""
+    if not cell:
+        return []
+    parts = cell.split(taxonomy.separator) if taxonomy.separator else [cell]
+    return [part.strip() for part in parts if part.strip()]
+
+
+def read_taxonomy_file(path: str, level: int) -> tuple[list[str], dict[str, list[str]]]:
+    """Labels and hints from a taxonomy file of ``id - A > B > C`` lines (Google's product
+    taxonomy; ``#`` lines skipped): the distinct paths of depth ``level`` (joined with " > "),
+    sorted, each hinted with its first sub-labels in file order.
+
+    Raises:
+        OSError: the file cannot be read. ValueError: it holds no path of that depth.
+    """
+    labels: dict[str, list[str]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or " - " not in line:
+                continue
+            parts = [p.strip() for p in line.split(" - ", 1)[1].split(" > ")]
+            if len(parts) >= level:
+                hints = labels.setdefault(" > ".join(parts[:level]), [])
+                if len(parts) == level + 1 and len(hints) < NUM_LABEL_HINTS:
+                    hints.append(parts[level])
+    if not labels:
+        raise ValueError(f"{path}: no taxonomy path of depth {level}")
+    return sorted(labels), {label: hints for label, hints in labels.items() if hints}
+
+
+def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = None) -> Catalog:
+    """Read a catalog CSV as ``spec`` describes it.
 
     Args:
         path: CSV file with a header row.
-        columns: the names of the columns to use.
+        spec: column names and taxonomy (:class:`weir.jobs.spec.JobSpec`).
         limit: keep only the first ``limit`` products (rows without an id or a name are skipped).
 
     Returns:
-        The catalog; labels are taken from every row of the file.
+        The catalog; labels and the exemplar pool are taken from every row of the file.
 
     Raises:
-        ValueError: a named column is missing from the header, or the file has no category.
-        OSError: the file cannot be read.
+        ValueError: a named column is missing from the header, or there is no label at all (no
+            row has one and the spec names no taxonomy file).
+        OSError: the file (or the taxonomy file) cannot be read.
     """
+    c, t = spec.columns, spec.taxonomy
+    from_column = t.source == "column"
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
-        wanted = [columns.id, columns.product, columns.brand, columns.category, columns.description]
+        wanted = [c.id, c.name, c.brand, c.description] + ([t.column] if from_column else [])
+        wanted += [t.hint_column] if from_column and t.hint_column else []
         missing = [name for name in wanted if name not in header]
         if missing:
             raise ValueError(f"{path}: no column {', '.join(map(repr, missing))}; header is {header}")
         products: list[Product] = []
-        categories: set[str] = set()
+        pool: list[Labelled] = []
+        found: set[str] = set()
         subs: dict[str, Counter] = {}
         for row in reader:
             field = {name: (row.get(name) or "").strip() for name in wanted}
-            sub = (row.get(columns.sub_category) or "").strip()
-            if field[columns.category]:
-                categories.add(field[columns.category])
-                if sub:
-                    subs.setdefault(field[columns.category], Counter())[sub] += 1
-            if not field[columns.id] or not field[columns.product]:
+            label, sub = "", ""
+            if from_column:
+                parts = label_path(field[t.column], t)
+                label = " > ".join(parts[:t.level]) if len(parts) >= t.level else ""
+                sub = field[t.hint_column] if t.hint_column else (parts[t.level] if len(parts) > t.level else "")
+            if label:
+                found.add(label)
+            if label and sub:
+                subs.setdefault(label, Counter())[sub] += 1
+            if not field[c.id] or not field[c.name]:
                 continue
+            if label:
+                pool.append(Labelled(field[c.id], field[c.name], field[c.brand], label))
             if limit is None or len(products) < limit:
-                products.append(
-                    Product(
-                        product_id=field[columns.id],
-                        name=field[columns.product],
-                        brand=field[columns.brand],
-                        category=field[columns.category],
-                        description=field[columns.description],
-                    )
-                )
-    if not categories:
-        raise ValueError(f"{path}: column {columns.category!r} is empty in every row")
-    hints = {c: [name for name, _ in counts.most_common(NUM_LABEL_HINTS)] for c, counts in subs.items()}
-    return Catalog(path=path, products=products, labels=sorted(categories), label_hints=hints)
+                products.append(Product(field[c.id], field[c.name], field[c.brand], label, field[c.description]))
+    if not from_column:
+        labels, hints = read_taxonomy_file(t.file, t.level)
+        return Catalog(path, products, labels, hints, [], spec)
+    labels = sorted(found)
+    if not labels:
+        raise ValueError(f"{path}: column {t.column!r} holds no label in any row; name a taxonomy "
+                         "file in the spec ([taxonomy] source = \"file\")")
+    hints = {label: [name for name, _ in counts.most_common(NUM_LABEL_HINTS)] for label, counts in subs.items()}
+    return Catalog(path, products, labels, hints, pool, spec)
 
 
-def product_requests(product: Product, labels: list[str],
-                     label_hints: Optional[dict[str, list[str]]] = None) -> list[JobRequest]:
-    """The two jobs of one product: classify it into ``labels``, describe it in one sentence.
+def classify_request(product: Product, catalog: Catalog, exemplars: Optional[list[Labelled]] = None,
+                     calibrate: Optional[bool] = None) -> ClassifyRequest:
+    """The classification job of one product: each label scored as the completion of the
+    product's catalog line.
 
-    Classification is choice scoring of each category (with its sub-category hints) as the
-    completion of a catalog line ``Product: <name>\nCategory:``, calibrated against the same line
-    for ``N/A``: SmolLM2-135M answers chat-style category questions no better than chance, while
-    calibrated completion scoring is well above the majority class.
+    With ``exemplars`` (the few-shot form), the prompt first shows those products' lines with
+    their categories and each label is scored as ``" <label>\n"``, uncalibrated by default. Without
+    (zero-shot), each label is followed by its commonest sub-labels and scores are calibrated
+    against the same line for ``N/A`` (contextual calibration, Zhao et al. 2021): SmolLM2-135M
+    answers chat-style category questions no better than chance.
+    """
+    spec, labels = catalog.spec, catalog.labels
+    shots = exemplars or []
+    if calibrate is None:
+        calibrate = not shots
+    hints = {} if shots else catalog.label_hints
+    return ClassifyRequest(
+        custom_id=f"{product.product_id}/category",
+        prompt=classify_prompt(spec, product.name, shots),
+        labels=labels,
+        label_texts=[label_text(label, hints.get(label, [])) for label in labels],
+        calibration_prompt=classify_prompt(spec, "N/A", shots) if calibrate else None,
+        metadata={"product_id": product.product_id},
+    )
+
+
+def describe_prompt(spec: JobSpec, product: Product) -> str:
+    """The user turn of a description job; lines whose field is empty (no brand) are left out."""
+    fields = {"name": product.name, "brand": product.brand}
+    lines = [line.format(**fields) for line in spec.describe.user_prompt.split("\n")
+             if not any(f"{{{k}}}" in line and not v for k, v in fields.items())]
+    return "\n".join(lines) or product.name
+
+
+def describe_request(product: Product, spec: JobSpec) -> GenerateRequest:
+    """The description job of one product: the spec's system prompt and sampling parameters.
+
+    Only the fields a job carries today are passed (temperature, top_p, top_k, seed, max_tokens);
+    the spec's other sampling fields (stop, penalties) reach the engine once jobs carry them.
+    """
+    carried = {k: v for k, v in spec.describe.sampling.items() if k in GenerateRequest.model_fields}
+    return GenerateRequest(
+        custom_id=f"{product.product_id}/description",
+        system_prompt=spec.describe.system_prompt.format(shop=spec.domain.shop),
+        prompt=describe_prompt(spec, product),
+        metadata={"product_id": product.product_id},
+        **carried,
+    )
+
+
+def product_requests(product: Product, catalog: Catalog,
+                     index: Optional[ExemplarIndex] = None) -> list[JobRequest]:
+    """The two jobs of one product: classify it into the catalog's labels, describe it.
+
+    With ``index`` (and the spec's ``method = "exemplars"``), the classification prompt shows the
+    product's ``num_exemplars`` nearest labelled products (never itself nor a row with its title).
 
     ``custom_id`` is ``<product_id>/category`` and ``<product_id>/description``; both carry
     ``metadata["product_id"]`` so the worker fills the product's enrichment row.
     """
-    metadata = {"product_id": product.product_id}
-    label_hints = label_hints or {}
-    classify = ClassifyRequest(
-        custom_id=f"{product.product_id}/category",
-        prompt=classify_prompt(product.name),
-        labels=labels,
-        label_texts=[label_text(label, label_hints.get(label, [])) for label in labels],
-        calibration_prompt=classify_prompt("N/A"),
-        metadata=metadata,
-    )
-    describe = GenerateRequest(
-        custom_id=f"{product.product_id}/description",
-        system_prompt=DESCRIBE_SYSTEM_PROMPT,
-        prompt=f"Product: {product.name}\nBrand: {product.brand}",
-        temperature=0.0,
-        max_tokens=DESCRIPTION_MAX_TOKENS,
-        metadata=metadata,
-    )
-    return [classify, describe]
+    spec = catalog.spec
+    shots = None
+    if index is not None and spec.classify.method == "exemplars":
+        shots = index.nearest(product.product_id, product.name, product.brand, spec.classify.num_exemplars)
+    return [classify_request(product, catalog, shots), describe_request(product, spec)]
+
+
+def exemplar_index(catalog: Catalog) -> Optional[ExemplarIndex]:
+    """The catalog's exemplar index, or None when the spec asks for zero-shot or nothing is labelled."""
+    if catalog.spec.classify.method != "exemplars" or not catalog.pool:
+        return None
+    return ExemplarIndex(catalog.pool)
 
 
 def catalog_requests(catalog: Catalog) -> list[JobRequest]:
     """Every product's two requests, product by product."""
-    return [r for product in catalog.products
-            for r in product_requests(product, catalog.labels, catalog.label_hints)]
+    index = exemplar_index(catalog)
+    return [r for product in catalog.products for r in product_requests(product, catalog, index)]
 
 
 def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None) -> Any:
@@ -215,6 +299,13 @@ class EnrichmentSummary:
     accuracy: Optional[float]
     majority_label: Optional[str]
     majority_baseline: Optional[float]
+    num_described: int = 0
+    description_quality: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def clean_rate(self) -> Optional[float]:
+        """Share of succeeded descriptions whose quality is ``ok``."""
+        return self.description_quality.get(OK, 0) / self.num_described if self.num_described else None
 
     def format(self) -> str:
         def pct(x: Optional[float]) -> str:
@@ -230,6 +321,8 @@ class EnrichmentSummary:
                 f"prefix-cache hits:   {pct(self.prefix_cache_hit_rate)} of prompt tokens",
                 f"category accuracy:   {pct(self.accuracy)} over {self.num_classified} products "
                 f"(majority baseline {pct(self.majority_baseline)}: {self.majority_label})",
+                f"descriptions clean:  {pct(self.clean_rate)} of {self.num_described} "
+                f"({', '.join(f'{k} {v}' for k, v in sorted(self.description_quality.items())) or 'none'})",
             ]
         )
 
@@ -242,8 +335,10 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         results: the batch's rows as :meth:`weir.jobs.client.Client.results` returns them.
         wall_s: seconds from enqueue to the batch's end.
 
-    Accuracy counts succeeded classification jobs whose label equals the product's catalog
-    category; the majority baseline is the share of the most common category among those products.
+    Accuracy counts succeeded classification jobs of products that have a catalog category (at
+    the spec's taxonomy level) whose label equals it; the majority baseline is the share of the
+    most common category among those products. Description quality counts each succeeded
+    description's :func:`weir.jobs.quality.description_quality`.
     """
     results = list(results)
     truth = {p.product_id: p.category for p in catalog.products}
@@ -252,7 +347,9 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     num_cached = sum(r["num_cached_tokens"] or 0 for r in results)
     classified = [
         r for r in results if r["kind"] == "classify" and r["status"] == "succeeded"
+        and truth.get(str(r["metadata"].get("product_id")))
     ]
+    described = [r for r in results if r["kind"] == "generate" and r["status"] == "succeeded"]
     categories = [truth.get(str(r["metadata"].get("product_id")), "") for r in classified]
     num_correct = sum(r["label"] == category for r, category in zip(classified, categories))
     majority = Counter(categories).most_common(1)
@@ -268,4 +365,6 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         accuracy=num_correct / len(classified) if classified else None,
         majority_label=majority[0][0] if majority else None,
         majority_baseline=majority[0][1] / len(classified) if majority else None,
+        num_described=len(described),
+        description_quality=dict(Counter(description_quality(r["output_text"]) for r in described)),
     )

@@ -219,6 +219,9 @@ class ProductEnrichment(Base):
     category: Mapped[Optional[str]] = mapped_column(Text)
     category_confidence: Mapped[Optional[float]] = mapped_column(Float)
     description: Mapped[Optional[str]] = mapped_column(Text)
+    quality: Mapped[Optional[str]] = mapped_column(String(32))
+    """The description's check (:func:`weir.jobs.quality.description_quality`): ``ok``, or its
+    flags; never publish a description whose quality is not ``ok`` unread."""
     model: Mapped[str] = mapped_column(String(200))
     source_batch_id: Mapped[Optional[uuid.UUID]] = mapped_column(
         ForeignKey("batches.id", ondelete="SET NULL")

@@ -48,6 +48,7 @@ from weir.jobs.db import (
     JobStatus,
     utcnow,
 )
+from weir.jobs.quality import description_quality
 from weir.jobs.schemas import JobRequest, check_json
 
 NUL_REPLACEMENT = "\ufffd"
@@ -661,7 +662,7 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     """Upsert the ``product_enrichment`` rows of succeeded jobs that name a product.
 
     A classification job sets ``category`` and ``category_confidence`` (the label's probability);
-    a generation job sets ``description``. Fields the job does not produce are left as they are.
+    a generation job sets ``description`` and its ``quality`` (:func:`weir.jobs.quality.description_quality`). Fields the job does not produce are left as they are.
     A row is written only when the job's batch was created no earlier than the batch that last
     wrote it (``source_batch_created_at``): an older batch's late result never overwrites a newer
     one. Call it in the transaction that stored the results, with only the jobs whose row took
@@ -690,7 +691,8 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
             fields = {"category": result.label,
                       "category_confidence": (result.label_probs or {}).get(result.label)}
         else:
-            fields = {"description": result.output_text}
+            fields = {"description": result.output_text,
+                      "quality": description_quality(result.output_text)}
         product_id = str(job.request["metadata"]["product_id"])
         row = dict(product_id=product_id, model=model, source_batch_id=job.batch_id,
                    source_batch_created_at=created.get(job.batch_id), updated_at=now, **fields)
@@ -710,7 +712,7 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     return written
 
 
-_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text"}
+_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text", "quality": "text"}
 
 
 @functools.lru_cache(maxsize=None)

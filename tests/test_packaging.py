@@ -60,11 +60,12 @@ def test_wheel_installs_only_weir(tmp_path):
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = [d for d in dirnames if d != "__pycache__"]
             for f in filenames:
-                if f.endswith((".py", ".mako")):
+                if f.endswith((".py", ".mako", ".toml")):
                     rel = os.path.relpath(os.path.join(dirpath, f), root)
                     expected.add("/".join([*name.split("."), *rel.split(os.sep)]))
     assert expected - set(names) == set()
     assert "weir/migrations/versions/20261130_0001_initial.py" in names
+    assert "weir/jobs/specs/flipkart.toml" in names  # the shipped job specs
 
 
 def test_installed_distribution_exposes_only_weir():

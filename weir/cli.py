@@ -82,24 +82,26 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
     from tqdm import tqdm
 
-    from weir.jobs.catalog import CatalogColumns, enqueue_catalog, read_catalog, summarize
+    import dataclasses
+
+    from weir.jobs.catalog import enqueue_catalog, read_catalog, summarize
     from weir.jobs.client import Client
+    from weir.jobs.spec import load_spec
 
     settings = get_settings()
-    columns = CatalogColumns(
-        product=args.product_col,
-        brand=args.brand_col,
-        category=args.category_col,
-        description=args.description_col,
-        id=args.id_col,
-    )
     if args.limit is not None and args.limit < 1:
         print(f"weir enrich: --limit must be >= 1, got {args.limit}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        catalog = read_catalog(args.catalog, columns, limit=args.limit)
+        spec = load_spec(args.spec).with_columns(
+            name=args.product_col, brand=args.brand_col, description=args.description_col, id=args.id_col)
+        if args.category_col is not None:
+            spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, column=args.category_col))
+        catalog = read_catalog(args.catalog, spec, limit=args.limit)
     except (OSError, ValueError) as exc:
-        print(f"weir enrich: {exc}", file=sys.stderr)
+        hint = ("; name the catalog's columns in a job spec (--spec FILE, layout in jobs/spec.py)"
+                if args.spec is None and "no column" in str(exc) else "")
+        print(f"weir enrich: {exc}{hint}", file=sys.stderr)
         return EXIT_USAGE
     if not catalog.products:
         print(f"weir enrich: {args.catalog} has no products", file=sys.stderr)
@@ -260,11 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
     enrich = commands.add_parser("enrich", help="classify and describe every product of a catalog CSV")
     enrich.add_argument("catalog", help="catalog CSV file")
     enrich.add_argument("--limit", type=int, default=None, help="first N products only")
-    enrich.add_argument("--product-col", default="product")
-    enrich.add_argument("--brand-col", default="brand")
-    enrich.add_argument("--category-col", default="category")
-    enrich.add_argument("--description-col", default="description")
-    enrich.add_argument("--id-col", default="index")
+    enrich.add_argument("--spec", default=None,
+                        help="job spec (TOML file, or a shipped spec: bigbasket, flipkart); default: "
+                             "columns index, product, brand, description, category")
+    enrich.add_argument("--product-col", default=None, help="overrides the spec's [columns] name")
+    enrich.add_argument("--brand-col", default=None)
+    enrich.add_argument("--category-col", default=None, help="overrides the spec's [taxonomy] column")
+    enrich.add_argument("--description-col", default=None)
+    enrich.add_argument("--id-col", default=None)
     enrich.add_argument("--timeout-s", type=float, default=None, help="give up waiting after this long")
     enrich.set_defaults(func=cmd_enrich)
 

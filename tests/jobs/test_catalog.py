@@ -4,13 +4,20 @@ import os
 
 import pytest
 
-from weir.jobs.catalog import (
-    CLASSIFY_HEADER, DESCRIBE_SYSTEM_PROMPT, Catalog, CatalogColumns, Product,
-    product_requests, read_catalog, summarize,
-)
-from weir.jobs.model_info import PromptChecker
+import dataclasses
 
-BIGBASKET = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "bigbasket_products.csv")
+from weir.jobs.catalog import (
+    Catalog, Product, catalog_requests, classify_header, label_path, product_requests, read_catalog,
+    read_taxonomy_file, summarize,
+)
+from weir.jobs.exemplars import ExemplarIndex, Labelled
+from weir.jobs.model_info import PromptChecker
+from weir.jobs.spec import DESCRIBE_SYSTEM_PROMPT, JobSpec, Taxonomy, load_spec
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
+BIGBASKET = os.path.join(DATA, "bigbasket_products.csv")
+FLIPKART = os.path.join(DATA, "flipkart_products.csv")
+GOOGLE_TAXONOMY = os.path.join(DATA, "google_product_taxonomy.txt")
 LABELS = [
     "Baby Care", "Bakery, Cakes & Dairy", "Beauty & Hygiene", "Beverages", "Cleaning & Household",
     "Eggs, Meat & Fish", "Foodgrains, Oil & Masala", "Fruits & Vegetables", "Gourmet & World Food",
@@ -24,7 +31,7 @@ needs_bigbasket = pytest.mark.skipif(not os.path.exists(BIGBASKET), reason="../s
 
 @needs_bigbasket
 def test_reads_the_real_catalog():
-    catalog = read_catalog(BIGBASKET)
+    catalog = read_catalog(BIGBASKET, load_spec("bigbasket"))
     assert len(catalog.products) == 6079
     assert catalog.labels == LABELS
     first = catalog.products[0]
@@ -33,6 +40,40 @@ def test_reads_the_real_catalog():
     assert not any(p.brand != p.brand.strip() for p in catalog.products)
     assert sum(1 for p in catalog.products if not p.description) == 25
     assert catalog.label_hints["Beverages"][:2] == BEVERAGE_HINTS
+    assert len(catalog.pool) == 6079
+
+
+@pytest.mark.skipif(not os.path.exists(FLIPKART), reason="../shared/data not present")
+def test_reads_flipkart_level_one_from_the_category_tree():
+    catalog = read_catalog(FLIPKART, load_spec("flipkart"))
+    assert len(catalog.products) == 1050
+    assert catalog.labels == ["Baby Care", "Beauty and Personal Care", "Computers", "Home Decor & Festive Needs",
+                              "Home Furnishing", "Kitchen & Dining", "Watches"]
+    assert catalog.products[0].category == "Home Furnishing"
+    assert catalog.label_hints["Watches"][0] == "Wrist Watches"
+
+
+def test_label_path():
+    tree = Taxonomy(json_list=True, separator=">>")
+    assert label_path('["Home Furnishing >> Curtains & Accessories >> Curt..."]', tree) == [
+        "Home Furnishing", "Curtains & Accessories", "Curt..."]
+    assert label_path("not json", tree) == []
+    assert label_path("", Taxonomy()) == []
+    assert label_path(" Tea ", Taxonomy()) == ["Tea"]
+
+
+@pytest.mark.skipif(not os.path.exists(GOOGLE_TAXONOMY), reason="../shared/data not present")
+def test_taxonomy_file_labels_for_a_catalog_without_any(tmp_path):
+    labels, hints = read_taxonomy_file(GOOGLE_TAXONOMY, 1)
+    assert len(labels) == 21 and labels[0] == "Animals & Pet Supplies"
+    assert hints["Animals & Pet Supplies"] == ["Live Animals", "Pet Supplies"]
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,brand,description\n1,Dog Lead,Paws,\n")
+    spec = JobSpec(taxonomy=Taxonomy(source="file", file=GOOGLE_TAXONOMY))
+    catalog = read_catalog(str(path), spec)
+    assert catalog.pool == [] and catalog.labels == labels
+    (classify, _), = [catalog_requests(catalog)]
+    assert classify.labels == labels and classify.calibration_prompt is not None  # zero-shot
 
 
 @needs_bigbasket
@@ -50,8 +91,8 @@ def test_crlf_quoted_multiline_and_other_column_names(tmp_path):
         b'a2,Soap,Y,Home,\r\n'
         b',no id,Z,Garden,skipped\r\n'
     )
-    columns = CatalogColumns(product="title", brand="maker", category="dept", description="text", id="sku")
-    catalog = read_catalog(str(path), columns)
+    spec = JobSpec(taxonomy=Taxonomy(column="dept")).with_columns(name="title", brand="maker", description="text", id="sku")
+    catalog = read_catalog(str(path), spec)
     assert catalog.products == [
         Product("a1", "Tea", "Brand X", "Drinks", "line one\r\nline two"),
         Product("a2", "Soap", "Y", "Home", ""),
@@ -66,29 +107,65 @@ def test_missing_column_is_named(tmp_path):
         read_catalog(str(path))
 
 
-def test_two_jobs_per_product_with_fixed_prompts():
+def test_no_label_anywhere_says_to_name_a_taxonomy_file(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,brand,description,category\n1,Tea,X,,\n")
+    with pytest.raises(ValueError, match=r"holds no label in any row; name a taxonomy file"):
+        read_catalog(str(path))
+
+
+def test_zero_shot_jobs_per_product():
+    spec = JobSpec(domain=dataclasses.replace(JobSpec().domain, shop="a tea shop"))
     product = Product("42", "Green Tea", "Leafy", "Beverages", "x" * 400)
-    hints = {"Beverages": ["Tea", "Coffee"]}
-    classify, describe = product_requests(product, ["Beverages", "Snacks"], hints)
+    catalog = Catalog("c.csv", [product], ["Beverages", "Snacks"], {"Beverages": ["Tea", "Coffee"]}, spec=spec)
+    classify, describe = product_requests(product, catalog)
+    header = "Products of a tea shop and their categories.\n\n"
+    assert classify_header(spec) == header
     assert classify.custom_id == "42/category" and describe.custom_id == "42/description"
     assert classify.labels == ["Beverages", "Snacks"]
-    assert classify.prompt == CLASSIFY_HEADER + "Product: Green Tea\nCategory:"
+    assert classify.prompt == header + "Product: Green Tea\nCategory:"
     assert classify.system_prompt is None
     assert classify.label_texts == [" Beverages (Tea, Coffee)\n", " Snacks\n"]
-    assert classify.engine_calibration_prompt() == CLASSIFY_HEADER + "Product: N/A\nCategory:"
-    assert describe.prompt == "Product: Green Tea\nBrand: Leafy"
-    assert describe.system_prompt == DESCRIBE_SYSTEM_PROMPT
-    assert (describe.temperature, describe.max_tokens) == (0.0, 64)
+    assert classify.engine_calibration_prompt() == header + "Product: N/A\nCategory:"
+    assert describe.prompt == "Product: Green Tea\nBrand: Leafy\n\nWrite the one-sentence description of this product."
+    assert describe.system_prompt == DESCRIBE_SYSTEM_PROMPT.format(shop="a tea shop")
+    assert "grocery" not in describe.system_prompt
+    assert (describe.temperature, describe.max_tokens) == (0.0, 96)
     assert classify.metadata == describe.metadata == {"product_id": "42"}
+
+
+def test_exemplar_jobs_show_the_nearest_labelled_products_never_the_product():
+    products = [Product("1", "Green Tea Bags", "Leafy", "Beverages", ""),
+                Product("2", "Green Tea Bags", "Leafy", "Beverages", ""),  # its duplicate title
+                Product("3", "Green Tea Leaves", "Leafy", "Beverages", ""),
+                Product("4", "Potato Chips", "Crunch", "Snacks", "")]
+    pool = [Labelled(p.product_id, p.name, p.brand, p.category) for p in products]
+    catalog = Catalog("c.csv", products, ["Beverages", "Snacks"], {"Beverages": ["Tea"]}, pool,
+                      JobSpec(classify=dataclasses.replace(JobSpec().classify, num_exemplars=2)))
+    classify, _ = product_requests(products[0], catalog, ExemplarIndex(pool))
+    assert classify.prompt == (
+        "Products of an online shop and their categories.\n\n"
+        "Product: Potato Chips\nCategory: Snacks\n\n"
+        "Product: Green Tea Leaves\nCategory: Beverages\n\n"
+        "Product: Green Tea Bags\nCategory:")
+    assert classify.label_texts == [" Beverages\n", " Snacks\n"]
+    assert classify.calibration_prompt is None
+    assert len(catalog_requests(catalog)) == 8
+
+
+def test_description_prompt_leaves_out_an_empty_brand():
+    catalog = Catalog("c.csv", [], ["x"])
+    _, describe = product_requests(Product("7", "Wall Clock", "", "", ""), catalog)
+    assert describe.prompt == "Product: Wall Clock\n\nWrite the one-sentence description of this product."
 
 
 def test_describe_system_prompt_has_at_least_60_tokens(tiny_model_dir):
     checker = PromptChecker.for_model(tiny_model_dir)
-    assert len(checker.encode(DESCRIBE_SYSTEM_PROMPT)) >= 60
+    assert len(checker.encode(DESCRIBE_SYSTEM_PROMPT.format(shop="an online shop"))) >= 60
 
 
-def result(kind, status, product_id, label=None, prompt=0, cached=0, completion=0):
-    return {"kind": kind, "status": status, "label": label, "num_prompt_tokens": prompt,
+def result(kind, status, product_id, label=None, prompt=0, cached=0, completion=0, text=None):
+    return {"kind": kind, "status": status, "label": label, "output_text": text, "num_prompt_tokens": prompt,
             "num_cached_tokens": cached, "num_completion_tokens": completion,
             "metadata": {"product_id": product_id}}
 
@@ -103,8 +180,8 @@ def test_summary_values():
         result("classify", "succeeded", "2", "Soap", prompt=100, cached=80),
         result("classify", "succeeded", "3", "Soap", prompt=100, cached=80),
         result("classify", "failed", "4", None, prompt=None, cached=None),
-        result("generate", "succeeded", "1", prompt=50, cached=0, completion=10),
-        result("generate", "succeeded", "2", prompt=50, cached=40, completion=30),
+        result("generate", "succeeded", "1", prompt=50, cached=0, completion=10, text="A fine tea."),
+        result("generate", "succeeded", "2", prompt=50, cached=40, completion=30, text="A fine tea from"),
     ]
     summary = summarize(catalog, results, wall_s=2.0)
     assert (summary.num_products, summary.num_succeeded, summary.num_failed) == (4, 5, 1)
@@ -114,6 +191,8 @@ def test_summary_values():
     assert (summary.majority_label, summary.majority_baseline) == ("Tea", pytest.approx(2 / 3))
     text = summary.format()
     assert "5 succeeded, 1 failed" in text and "66.7 %" in text and "20.0 tokens/s" in text
+    assert (summary.num_described, summary.description_quality, summary.clean_rate) == (2, {"ok": 1, "unfinished": 1}, 0.5)
+    assert "descriptions clean:  50.0 % of 2 (ok 1, unfinished 1)" in text
 
 
 def test_summary_of_nothing():

@@ -289,9 +289,20 @@ def test_enrichment_rows_merge_category_and_description(session_factory):
     run(session_factory, jobs[2].id, ok())
     with session_factory() as session:
         rows = session.scalars(select(ProductEnrichment).where(ProductEnrichment.source_batch_id == batch.id)).all()
-    assert [(r.product_id, r.category, r.category_confidence, r.description, r.model) for r in rows] == [
-        ("7", "Soap", 0.75, "A fine soap.", "tiny")
+    assert [(r.product_id, r.category, r.category_confidence, r.description, r.quality, r.model) for r in rows] == [
+        ("7", "Soap", 0.75, "A fine soap.", "ok", "tiny")
     ]
+
+
+def test_enrichment_row_flags_an_unfinished_looping_description(session_factory):
+    request = GenerateRequest(prompt="p", custom_id="8/description", metadata={"product_id": 8})
+    with session_factory.begin() as session:
+        batch, jobs = store.create_batch(session, [request], model="tiny")
+    run(session_factory, jobs[0].id, ok("Fast 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs"))
+    with session_factory() as session:
+        row = session.get(ProductEnrichment, "8")
+    assert (row.description, row.quality) == ("Fast 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs",
+                                              "unfinished,repetitive")
 
 
 def test_concurrent_results_keep_exact_counts(session_factory):

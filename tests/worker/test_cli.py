@@ -77,7 +77,9 @@ def test_enrich_missing_column(tmp_path):
     path.write_text("index,product\n1,Tea\n")
     done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
     assert done.returncode == 2
-    assert "no column 'brand', 'category', 'description'; header is ['index', 'product']" in done.stderr
+    assert done.stderr.strip().endswith(
+        "no column 'brand', 'description', 'category'; header is ['index', 'product']; name the catalog's "
+        "columns in a job spec (--spec FILE, layout in jobs/spec.py)")
 
 
 @pytest.mark.parametrize("limit", ["0", "-1"])
@@ -110,10 +112,12 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     assert "category accuracy:" in done.stdout and "over 2 products" in done.stdout
     with sqlite3.connect(tmp_path / "weir.db") as db:
         rows = db.execute(
-            "SELECT product_id, category IS NOT NULL, description IS NOT NULL FROM product_enrichment "
+            "SELECT product_id, category IS NOT NULL, description IS NOT NULL, quality IS NOT NULL "
+            "FROM product_enrichment "
             "ORDER BY product_id").fetchall()
         batch = db.execute("SELECT status, num_jobs, num_succeeded FROM batches").fetchall()
-    assert rows == [("1", 1, 1), ("2", 1, 1)]
+    assert rows == [("1", 1, 1, 1), ("2", 1, 1, 1)]
+    assert "descriptions clean:" in done.stdout
     assert batch == [("completed", 4, 4)]
 
 

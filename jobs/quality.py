@@ -1,0 +1,57 @@
+"""The publishability check of a generated product description.
+
+A description is kept whatever it says, but one that does not end its sentence or loops is
+flagged, so a shop never publishes it unread. The check is deterministic and costs no model call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Optional
+
+OK = "ok"
+EMPTY = "empty"
+UNFINISHED = "unfinished"
+REPETITIVE = "repetitive"
+
+MAX_NGRAM_REPEATS = 2
+"""A word 4-gram seen more than this many times in one description marks it repetitive."""
+
+NGRAM = 4
+
+_SENTENCE_END = re.compile(r"[.!?\u3002\u0964][\"'\u201d\u2019)\]]*$")  # . ! ? 。 । then closing quotes/brackets
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def repeated_ngram(text: str, n: int = NGRAM) -> Optional[tuple[str, int]]:
+    """The most repeated word n-gram of ``text`` (words: ``\\w+`` runs, case-folded) and its count,
+    or None when the text has fewer than ``n`` words."""
+    words = [w.casefold() for w in _WORD.findall(text)]
+    if len(words) < n:
+        return None
+    counts = Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+    gram, count = counts.most_common(1)[0]
+    return " ".join(gram), count
+
+
+def description_quality(text: Optional[str]) -> str:
+    """Judge one generated description by its text alone (stop strings already cut).
+
+    Returns:
+        ``"ok"``; ``"empty"`` for blank text; otherwise the flags that apply, in this order and
+        joined by commas: ``"unfinished"`` (the last character is not a sentence end ``. ! ?``
+        (or ``\u3002``, ``\u0964``), optionally followed by closing quotes or brackets: text cut
+        by ``max_tokens`` mid-sentence ends this way) and
+        ``"repetitive"`` (some word 4-gram occurs three times or more).
+    """
+    text = (text or "").strip()
+    if not text:
+        return EMPTY
+    flags = []
+    if not _SENTENCE_END.search(text):
+        flags.append(UNFINISHED)
+    top = repeated_ngram(text)
+    if top is not None and top[1] > MAX_NGRAM_REPEATS:
+        flags.append(REPETITIVE)
+    return ",".join(flags) or OK

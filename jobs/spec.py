@@ -1,0 +1,220 @@
+"""The catalog job's spec: a TOML file naming a catalog's columns, its shop, its taxonomy, the
+prompts and the decoding parameters. Read with :func:`load_spec`; every field has a default that
+reads sensibly for any shop, so a spec names only what differs.
+
+Layout (every table and key optional)::
+
+    [columns]                 # CSV column names
+    id = "index"; name = "product"; brand = "brand"; description = "description"
+
+    [domain]
+    shop = "an online shop"   # how prompts name the seller: "a copywriter for {shop}"
+
+    [taxonomy]
+    source = "column"         # "column": the catalog's own labels; "file": a taxonomy file
+    column = "category"       # source = "column": the label column
+    json_list = false         # the cell is a JSON list whose first string is the label path
+    separator = ""            # the label is a path "A >> B >> C" split on this ("" = no path)
+    level = 1                 # keep the path's first `level` parts
+    hint_column = ""          # a column of sub-labels shown as hints (paths: the next level)
+    file = ""                 # source = "file": "id - A > B > C" lines (Google's taxonomy), relative
+                              # to the spec file's folder
+
+    [classify]
+    method = "exemplars"      # "exemplars": k nearest labelled products as few-shot lines;
+                              # "zero_shot": the label with its hints, calibrated against "N/A"
+    num_exemplars = 4
+    header = "Products of {shop} and their categories."
+
+    [describe]
+    system_prompt = "..."     # {shop}
+    user_prompt = "..."       # {name}, {brand}; a line whose field is empty is left out
+
+    [describe.sampling]       # any engine SamplingParams field; keys not given keep these
+    temperature = 0.0; max_tokens = 96; stop = ["\\n", ". ", "! ", "? "]
+    include_stop_str_in_output = true; repetition_penalty = 1.2
+
+    [extract]                 # attribute extraction: reserved (needs structured outputs)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
+"""The shipped specs (``bigbasket.toml``, ``flipkart.toml``), installed with the package."""
+
+DESCRIBE_SYSTEM_PROMPT = (
+    "You are a copywriter for {shop}. For the product the user names, write exactly one sentence "
+    "for its product page. Say what the product is and why a shopper would want it, in a warm, "
+    "factual tone, and mention the brand once. Do not invent prices, sizes, ingredients, "
+    "certifications or health claims, do not use lists, emojis or quotation marks, and write "
+    "nothing after the sentence."
+)
+DESCRIBE_USER_PROMPT = "Product: {name}\nBrand: {brand}\n\nWrite the one-sentence description of this product."
+DESCRIBE_SAMPLING = dict(temperature=0.0, max_tokens=96, stop=["\n", ". ", "! ", "? "],
+                         include_stop_str_in_output=True, repetition_penalty=1.2)
+"""Chosen by measurement (BENCHMARKS.md, catalog quality): end at the first sentence end or line
+break, keep the full stop, and penalise repeats; a listing of the fields alone made the model echo
+them in loops."""
+CLASSIFY_HEADER = "Products of {shop} and their categories."
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be used; the message names the file and the offending key."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    id: str = "index"
+    name: str = "product"
+    brand: str = "brand"
+    description: str = "description"
+
+
+@dataclass(frozen=True)
+class Domain:
+    shop: str = "an online shop"
+
+
+@dataclass(frozen=True)
+class Taxonomy:
+    source: str = "column"
+    column: str = "category"
+    json_list: bool = False
+    separator: str = ""
+    level: int = 1
+    hint_column: str = ""
+    file: str = ""
+
+
+@dataclass(frozen=True)
+class Classify:
+    method: str = "exemplars"
+    num_exemplars: int = 4
+    header: str = CLASSIFY_HEADER
+
+
+@dataclass(frozen=True)
+class Describe:
+    system_prompt: str = DESCRIBE_SYSTEM_PROMPT
+    user_prompt: str = DESCRIBE_USER_PROMPT
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(DESCRIBE_SAMPLING))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A whole spec; ``JobSpec()`` is the default one."""
+
+    columns: Columns = Columns()
+    domain: Domain = Domain()
+    taxonomy: Taxonomy = Taxonomy()
+    classify: Classify = Classify()
+    describe: Describe = Describe()
+    extract: dict[str, Any] = field(default_factory=dict)
+    path: Optional[str] = None
+
+    def with_columns(self, **names: Optional[str]) -> "JobSpec":
+        """The spec with the given column names replaced (None keeps the spec's)."""
+        changed = {k: v for k, v in names.items() if v is not None}
+        return dataclasses.replace(self, columns=dataclasses.replace(self.columns, **changed))
+
+
+_TABLES = {"columns": Columns, "domain": Domain, "taxonomy": Taxonomy, "classify": Classify,
+           "describe": Describe}
+_CHOICES = {("taxonomy", "source"): ("column", "file"), ("classify", "method"): ("exemplars", "zero_shot")}
+
+
+def _sampling(where: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: [describe.sampling] must be a table")
+    from weir.engine.sampling_params import SamplingParams
+
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise SpecError(f"{where}: [describe.sampling] has unknown key {unknown[0]!r} "
+                        f"(SamplingParams fields: {', '.join(sorted(known))})")
+    merged = {**Describe().sampling, **value}
+    try:
+        SamplingParams(**merged)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{where}: [describe.sampling] {exc}") from None
+    return merged
+
+
+def _table(where: str, name: str, cls: type, value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: [{name}] must be a table, got {value!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in fields:
+            raise SpecError(f"{where}: [{name}] has unknown key {key!r} (known: {', '.join(fields)})")
+        if name == "describe" and key == "sampling":
+            kwargs[key] = _sampling(where, item)
+            continue
+        default = getattr(cls(), key)
+        if type(item) is not type(default):
+            raise SpecError(f"{where}: [{name}] {key} must be a {type(default).__name__}, got {item!r}")
+        choices = _CHOICES.get((name, key))
+        if choices and item not in choices:
+            raise SpecError(f"{where}: [{name}] {key} must be one of {', '.join(choices)}, got {item!r}")
+        kwargs[key] = item
+    return cls(**kwargs)
+
+
+def parse_spec(data: dict[str, Any], where: str = "spec") -> JobSpec:
+    """A spec from its parsed TOML tables.
+
+    Raises:
+        SpecError: an unknown table or key, a value of the wrong type or outside its choices, a
+            sampling field SamplingParams refuses, or an inconsistent taxonomy; the message starts
+            with ``where`` and names the key.
+    """
+    unknown = sorted(set(data) - set(_TABLES) - {"extract"})
+    if unknown:
+        raise SpecError(f"{where}: unknown table [{unknown[0]}] (known: {', '.join([*_TABLES, 'extract'])})")
+    parts = {name: _table(where, name, cls, data[name]) for name, cls in _TABLES.items() if name in data}
+    spec = JobSpec(**parts, extract=dict(data.get("extract", {})))
+    t = spec.taxonomy
+    if t.level < 1:
+        raise SpecError(f"{where}: [taxonomy] level must be >= 1, got {t.level}")
+    if t.source == "file" and not t.file:
+        raise SpecError(f"{where}: [taxonomy] file must name a taxonomy file when source = \"file\"")
+    if spec.classify.num_exemplars < 1:
+        raise SpecError(f"{where}: [classify] num_exemplars must be >= 1, got {spec.classify.num_exemplars}")
+    return spec
+
+
+def load_spec(path: Optional[str] = None) -> JobSpec:
+    """Read a spec file; ``None`` gives the default spec. A bare name (``"flipkart"``) is a shipped
+    spec from :data:`SPECS_DIR`. A relative taxonomy ``file`` is resolved against the spec's folder.
+
+    Raises:
+        SpecError: the file is missing, is not TOML, or holds a bad key (see :func:`parse_spec`).
+    """
+    if path is None:
+        return JobSpec()
+    if os.sep not in path and not path.endswith(".toml"):
+        path = os.path.join(SPECS_DIR, f"{path}.toml")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    spec = parse_spec(data, where=path)
+    if spec.taxonomy.file and not os.path.isabs(spec.taxonomy.file):
+        resolved = os.path.join(os.path.dirname(os.path.abspath(path)), spec.taxonomy.file)
+        spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, file=resolved))
+    return dataclasses.replace(spec, path=path)

@@ -1,0 +1,31 @@
+"""The description check: unfinished sentences and 4-gram loops are flagged, exact values."""
+
+import pytest
+
+from weir.jobs.quality import description_quality, repeated_ngram
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("A soft cotton towel for everyday use.", "ok"),
+    ("Bright, fresh and ready to serve!", "ok"),
+    ('Called "the best tea."', "ok"),
+    ("A gift for her (and him.)", "ok"),
+    ("Ein schöner Becher.", "ok"),
+    ("", "empty"),
+    ("   \n", "empty"),
+    (None, "empty"),
+    ("A soft cotton towel for everyday", "unfinished"),
+    ("A soft cotton towel,", "unfinished"),
+    ("Fast 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs.", "repetitive"),
+    ("Fast 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs", "unfinished,repetitive"),
+    # one 4-gram seen exactly twice is allowed, three times is not
+    ("red cup of tea and red cup of tea.", "ok"),
+    ("red cup of tea, red cup of tea, Red Cup Of Tea.", "repetitive"),
+])
+def test_description_quality(text, expected):
+    assert description_quality(text) == expected
+
+
+def test_repeated_ngram_counts_case_folded_words():
+    assert repeated_ngram("a b c d A B C D a b c d") == ("a b c d", 3)
+    assert repeated_ngram("a b c") is None

@@ -1,0 +1,65 @@
+"""Job spec files: defaults, the shipped specs, and one clear error naming the bad key."""
+
+import os
+
+import pytest
+
+from weir.jobs.spec import SPECS_DIR, JobSpec, SpecError, load_spec, parse_spec
+
+
+def test_default_spec_reads_for_any_shop():
+    spec = load_spec(None)
+    assert spec == JobSpec()
+    assert spec.domain.shop == "an online shop"
+    assert "grocery" not in spec.describe.system_prompt
+    assert (spec.taxonomy.source, spec.taxonomy.column, spec.classify.method) == ("column", "category", "exemplars")
+
+
+def test_shipped_specs_load_by_name():
+    assert sorted(os.listdir(SPECS_DIR)) == ["bigbasket.toml", "flipkart.toml"]
+    flipkart = load_spec("flipkart")
+    assert flipkart.path == os.path.join(SPECS_DIR, "flipkart.toml")
+    assert (flipkart.columns.id, flipkart.columns.name) == ("uniq_id", "product_name")
+    assert (flipkart.taxonomy.column, flipkart.taxonomy.json_list, flipkart.taxonomy.separator) == (
+        "product_category_tree", True, ">>")
+    assert flipkart.describe.sampling == load_spec(None).describe.sampling
+    assert load_spec("bigbasket").taxonomy.hint_column == "sub_category"
+
+
+def test_sampling_keeps_defaults_for_keys_not_given():
+    spec = parse_spec({"describe": {"sampling": {"repetition_penalty": 1.3, "max_tokens": 80}}})
+    assert spec.describe.sampling == dict(temperature=0.0, max_tokens=80, stop=["\n", ". ", "! ", "? "],
+                                          include_stop_str_in_output=True, repetition_penalty=1.3)
+
+
+def test_relative_taxonomy_file_is_resolved_against_the_spec(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[taxonomy]\nsource = "file"\nfile = "tax.txt"\n')
+    assert load_spec(str(path)).taxonomy.file == str(tmp_path / "tax.txt")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[colums]\nid = "x"\n', "unknown table [colums]"),
+    ('[columns]\nsku = "x"\n', "[columns] has unknown key 'sku'"),
+    ('[columns]\nid = 5\n', "[columns] id must be a str, got 5"),
+    ('[taxonomy]\nsource = "web"\n', "[taxonomy] source must be one of column, file, got 'web'"),
+    ('[taxonomy]\nsource = "file"\n', "[taxonomy] file must name a taxonomy file"),
+    ('[taxonomy]\nlevel = 0\n', "[taxonomy] level must be >= 1, got 0"),
+    ('[classify]\nnum_exemplars = 0\n', "[classify] num_exemplars must be >= 1, got 0"),
+    ('[describe.sampling]\nrepetition_penalt = 1.1\n', "[describe.sampling] has unknown key 'repetition_penalt'"),
+    ('[describe.sampling]\nmax_tokens = 0\n', "[describe.sampling] max_tokens must be an integer >= 1, got 0"),
+    ('[describe]\nsampling = 3\n', "[describe.sampling] must be a table"),
+    ("[columns\n", "not valid TOML"),
+])
+def test_a_bad_spec_names_its_key(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    assert str(info.value).startswith(f"{path}: ")
+    assert message in str(info.value)
+
+
+def test_missing_spec_file(tmp_path):
+    with pytest.raises(SpecError, match="cannot read the spec"):
+        load_spec(str(tmp_path / "none.toml"))
