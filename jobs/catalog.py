@@ -11,12 +11,13 @@ a kind shares its longest prefix and the engine's prefix cache serves it.
 from __future__ import annotations
 
 import csv
+import os
 from collections import Counter
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest
+from weir.jobs.schemas import ClassifyRequest, Enrichment, GenerateRequest, JobRequest
 
 DESCRIPTION_MAX_TOKENS = 64
 
@@ -133,7 +134,7 @@ def read_catalog(
 
 
 def product_requests(product: Product, labels: list[str],
-                     label_hints: Optional[dict[str, list[str]]] = None) -> list[JobRequest]:
+                     label_hints: Optional[dict[str, list[str]]] = None, *, catalog: str) -> list[JobRequest]:
     """The two jobs of one product: classify it into ``labels``, describe it in one sentence.
 
     Classification is choice scoring of each category (with its sub-category hints) as the
@@ -142,9 +143,11 @@ def product_requests(product: Product, labels: list[str],
     calibrated completion scoring is well above the majority class.
 
     ``custom_id`` is ``<product_id>/category`` and ``<product_id>/description``; both carry
-    ``metadata["product_id"]`` so the worker fills the product's enrichment row.
+    ``metadata["product_id"]``, and are marked as enrichment of (``catalog``, product id), so the
+    worker fills that product's row of that catalog.
     """
     metadata = {"product_id": product.product_id}
+    enrichment = Enrichment(catalog=catalog, product_id=product.product_id)
     label_hints = label_hints or {}
     classify = ClassifyRequest(
         custom_id=f"{product.product_id}/category",
@@ -153,6 +156,7 @@ def product_requests(product: Product, labels: list[str],
         label_texts=[label_text(label, label_hints.get(label, [])) for label in labels],
         calibration_prompt=classify_prompt("N/A"),
         metadata=metadata,
+        enrichment=enrichment,
     )
     describe = GenerateRequest(
         custom_id=f"{product.product_id}/description",
@@ -161,14 +165,21 @@ def product_requests(product: Product, labels: list[str],
         temperature=0.0,
         max_tokens=DESCRIPTION_MAX_TOKENS,
         metadata=metadata,
+        enrichment=enrichment,
     )
     return [classify, describe]
 
 
+def catalog_key(catalog: Catalog) -> str:
+    """The ``product_enrichment.catalog`` of a catalog's rows: its file's absolute path."""
+    return os.path.abspath(catalog.path)
+
+
 def catalog_requests(catalog: Catalog) -> list[JobRequest]:
     """Every product's two requests, product by product."""
+    key = catalog_key(catalog)
     return [r for product in catalog.products
-            for r in product_requests(product, catalog.labels, catalog.label_hints)]
+            for r in product_requests(product, catalog.labels, catalog.label_hints, catalog=key)]
 
 
 def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None) -> Any:

@@ -9,6 +9,7 @@ from weir.jobs.catalog import (
     product_requests, read_catalog, summarize,
 )
 from weir.jobs.model_info import PromptChecker
+from weir.jobs.schemas import Enrichment
 
 BIGBASKET = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "bigbasket_products.csv")
 LABELS = [
@@ -69,7 +70,7 @@ def test_missing_column_is_named(tmp_path):
 def test_two_jobs_per_product_with_fixed_prompts():
     product = Product("42", "Green Tea", "Leafy", "Beverages", "x" * 400)
     hints = {"Beverages": ["Tea", "Coffee"]}
-    classify, describe = product_requests(product, ["Beverages", "Snacks"], hints)
+    classify, describe = product_requests(product, ["Beverages", "Snacks"], hints, catalog="/data/shop.csv")
     assert classify.custom_id == "42/category" and describe.custom_id == "42/description"
     assert classify.labels == ["Beverages", "Snacks"]
     assert classify.prompt == CLASSIFY_HEADER + "Product: Green Tea\nCategory:"
@@ -80,6 +81,7 @@ def test_two_jobs_per_product_with_fixed_prompts():
     assert describe.system_prompt == DESCRIBE_SYSTEM_PROMPT
     assert (describe.temperature, describe.max_tokens) == (0.0, 64)
     assert classify.metadata == describe.metadata == {"product_id": "42"}
+    assert classify.enrichment == describe.enrichment == Enrichment(catalog="/data/shop.csv", product_id="42")
 
 
 def test_describe_system_prompt_has_at_least_60_tokens(tiny_model_dir):
