@@ -206,6 +206,8 @@ class ResponseFormat(BaseModel):
             raise ValueError("response_format of type json_schema needs json_schema: {name, schema}")
         if self.type != "json_schema" and self.json_schema is not None:
             raise ValueError(f"response_format of type {self.type} takes no json_schema")
+        if self.json_schema is not None:
+            check_json(self.json_schema.schema_, "response_format.json_schema.schema")
         return self
 
     def structured_outputs(self) -> Optional[dict[str, Any]]:

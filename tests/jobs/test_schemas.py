@@ -161,6 +161,14 @@ def test_response_format_shapes_are_checked():
     assert [e["loc"] for e in info.value.errors()] == [("response_format", "json_schema", "name")]
 
 
+def test_a_schema_must_be_plain_json():
+    import datetime
+
+    with pytest.raises(ValidationError, match=r"response_format.json_schema.schema\['default'\] is a datetime.date"):
+        GenerateRequest(prompt="x", response_format={"type": "json_schema", "json_schema": {
+            "name": "d", "schema": {"type": "string", "default": datetime.date(2026, 1, 1)}}})
+
+
 def test_a_prompt_dict_is_refused_naming_its_keys():
     with pytest.raises(ValidationError) as info:
         GenerateRequest(prompt={"promt": "Hello"})
