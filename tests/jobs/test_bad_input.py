@@ -114,7 +114,8 @@ def load_job(session_factory, job_id):
 
 
 def test_nul_characters_are_stored_as_replacement_characters_never_cut(session_factory):
-    [job] = claimed_jobs(session_factory, [GenerateRequest(prompt="p", enrichment={"catalog": "c.csv", "product_id": "nul-1"})])
+    [job] = claimed_jobs(session_factory, [GenerateRequest(prompt="p", enrichment={"catalog": "c.csv",
+                                                                                   "product_id": "nul-1"})])
     text = "before\x00after\x00"
     with session_factory.begin() as session:
         assert store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text))
@@ -127,7 +128,8 @@ def test_nul_characters_are_stored_as_replacement_characters_never_cut(session_f
 
 def test_nan_and_infinity_in_result_json_are_stored_as_null(session_factory):
     labels = ["a", "b", "c"]
-    [job] = claimed_jobs(session_factory, [ClassifyRequest(prompt="p", labels=labels, enrichment={"catalog": "c.csv", "product_id": "nan-1"})])
+    [job] = claimed_jobs(session_factory, [ClassifyRequest(prompt="p", labels=labels,
+                                                           enrichment={"catalog": "c.csv", "product_id": "nan-1"})])
     result = JobResult(status=JobStatus.SUCCEEDED, label="a",
                        label_probs={"a": math.nan, "b": math.inf, "c": 0.25})
     with session_factory.begin() as session:
