@@ -37,7 +37,7 @@ import random
 import time
 from collections import Counter
 
-from weir.jobs.catalog import classify_request, describe_request, read_catalog
+from weir.jobs.catalog import catalog_key, classify_request, describe_request, read_catalog
 from weir.jobs.exemplars import ExemplarIndex
 from weir.jobs.quality import OK, description_quality
 from weir.jobs.spec import load_spec
@@ -172,7 +172,7 @@ def main(argv=None):
         name, _, prompt_name = name.partition("+")
         user = USER_PROMPTS[prompt_name] if prompt_name else spec.describe.user_prompt
         described_spec = dataclasses.replace(spec, describe=dataclasses.replace(spec.describe, user_prompt=user))
-        reqs = [describe_request(p, described_spec) for p in described]
+        reqs = [describe_request(p, described_spec, catalog_key(catalog)) for p in described]
         sampling = describe_config(spec, name)
         name = f"{name}+{prompt_name}" if prompt_name else name
         llm.reset_prefix_cache()

@@ -95,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(0.2)
             requests = [
                 GenerateRequest(prompt=f"Product {i}: describe it.", custom_id=f"soak-{i}", temperature=0,
-                                max_tokens=args.max_tokens, metadata={"product_id": f"p-{i}"})
+                                max_tokens=args.max_tokens, metadata={"product_id": f"p-{i}"},
+                                enrichment={"catalog": "soak", "product_id": f"p-{i}"})
                 for i in range(args.jobs)
             ]
             started = time.monotonic()

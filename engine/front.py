@@ -84,6 +84,15 @@ class EngineFront:
                 self._aborts.append(fut.request_id)
                 self._cv.notify()
 
+    def encode_prompt(self, prompt: PromptType) -> list[int]:
+        """The prompt's token ids, as :meth:`submit_generate` makes them (safe from any thread).
+
+        Raises:
+            ValueError: the prompt is malformed or empty.
+        """
+        with self._tok_lock:
+            return self.llm.encode_prompt(prompt)
+
     def submit_generate(self, prompt: PromptType, params: SamplingParams) -> Future:
         """Queue one generation; the future gives a ``RequestOutput``.
 

@@ -166,8 +166,14 @@ class LLM:
         added), else the label followed by EOS (:meth:`encode_label`).
 
         Raises:
+            TypeError: ``labels`` or ``label_texts`` is not a list of strings (a string ``"AB"``
+                would otherwise be read as the labels ``"A"``, ``"B"``).
             ValueError: empty label list, or ``label_texts`` of another length.
         """
+        for name, texts in (("labels", labels), ("label_texts", label_texts)):
+            if texts is not None and (not isinstance(texts, (list, tuple))
+                                      or not all(isinstance(t, str) for t in texts)):
+                raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__} {texts!r}")
         if not labels:
             raise ValueError("labels is empty")
         if label_texts is None:

@@ -14,13 +14,15 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from weir.jobs.schemas import ChatMessage, ClassifyRequest, GenerateRequest, parse_request
+from weir.jobs.schemas import ChatMessage, ClassifyRequest, Enrichment, GenerateRequest, ResponseFormat, parse_request
 
 __all__ = [
     "Client",
     "ChatMessage",
     "GenerateRequest",
     "ClassifyRequest",
+    "Enrichment",
+    "ResponseFormat",
     "parse_request",
     "default_client",
     "enqueue_generate",

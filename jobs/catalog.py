@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections import Counter
 import dataclasses
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any, Iterable, Optional
 
 from weir.jobs.exemplars import ExemplarIndex, Labelled
 from weir.jobs.quality import OK, description_quality
-from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest
+from weir.jobs.schemas import ClassifyRequest, Enrichment, GenerateRequest, JobRequest
 from weir.jobs.spec import JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
@@ -198,6 +199,7 @@ def classify_request(product: Product, catalog: Catalog, exemplars: Optional[lis
         label_texts=[label_text(label, hints.get(label, [])) for label in labels],
         calibration_prompt=classify_prompt(spec, "N/A", shots) if calibrate else None,
         metadata={"product_id": product.product_id},
+        enrichment=Enrichment(catalog=catalog_key(catalog), product_id=product.product_id),
     )
 
 
@@ -209,19 +211,16 @@ def describe_prompt(spec: JobSpec, product: Product) -> str:
     return "\n".join(lines) or product.name
 
 
-def describe_request(product: Product, spec: JobSpec) -> GenerateRequest:
-    """The description job of one product: the spec's system prompt and sampling parameters.
-
-    Only the fields a job carries today are passed (temperature, top_p, top_k, seed, max_tokens);
-    the spec's other sampling fields (stop, penalties) reach the engine once jobs carry them.
-    """
-    carried = {k: v for k, v in spec.describe.sampling.items() if k in GenerateRequest.model_fields}
+def describe_request(product: Product, spec: JobSpec, catalog: str) -> GenerateRequest:
+    """The description job of one product of ``catalog`` (its :func:`catalog_key`): the spec's
+    system prompt and sampling parameters (any ``SamplingParams`` field: stop strings, penalties)."""
     return GenerateRequest(
         custom_id=f"{product.product_id}/description",
         system_prompt=spec.describe.system_prompt.format(shop=spec.domain.shop),
         prompt=describe_prompt(spec, product),
         metadata={"product_id": product.product_id},
-        **carried,
+        enrichment=Enrichment(catalog=catalog, product_id=product.product_id),
+        **spec.describe.sampling,
     )
 
 
@@ -233,13 +232,19 @@ def product_requests(product: Product, catalog: Catalog,
     product's ``num_exemplars`` nearest labelled products (never itself nor a row with its title).
 
     ``custom_id`` is ``<product_id>/category`` and ``<product_id>/description``; both carry
-    ``metadata["product_id"]`` so the worker fills the product's enrichment row.
+    ``metadata["product_id"]`` and are marked as enrichment of (:func:`catalog_key`, product id), so
+    the worker fills that product's row of that catalog.
     """
     spec = catalog.spec
     shots = None
     if index is not None and spec.classify.method == "exemplars":
         shots = index.nearest(product.product_id, product.name, product.brand, spec.classify.num_exemplars)
-    return [classify_request(product, catalog, shots), describe_request(product, spec)]
+    return [classify_request(product, catalog, shots), describe_request(product, spec, catalog_key(catalog))]
+
+
+def catalog_key(catalog: Catalog) -> str:
+    """The ``product_enrichment.catalog`` of a catalog's rows: its file's absolute path."""
+    return os.path.abspath(catalog.path)
 
 
 def exemplar_index(catalog: Catalog) -> Optional[ExemplarIndex]:

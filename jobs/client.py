@@ -32,7 +32,9 @@ from weir.jobs import names, store
 from weir.jobs.db import Batch, BatchStatus, Job, engine_for, make_session_factory, utcnow
 from weir.jobs.model_info import PromptChecker
 from weir.jobs.publisher import JobPublisher
-from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest, check_json, parse_request
+from weir.jobs.schemas import (
+    SAMPLING_FIELDS, ClassifyRequest, GenerateRequest, JobRequest, check_json, parse_request,
+)
 from weir.config import Settings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -155,6 +157,13 @@ def retry_on_conflict(fn):
             logger.info("transaction aborted by a conflict (%s), attempt %d; running it again",
                         e.orig.sqlstate, attempt)
             time.sleep(0.05 * attempt)
+
+
+def _sampling_params(request: dict[str, Any]) -> dict[str, Any]:
+    """A stored generation request's sampling fields (a field it lacks, stored before it
+    existed, is left out) and its ``response_format``."""
+    keys = (*SAMPLING_FIELDS, "response_format")
+    return {key: request[key] for key in keys if key in request}
 
 
 def _as_uuid(value: BatchId) -> uuid.UUID:
@@ -603,8 +612,11 @@ class Client:
         (a generator: ``list(client.results(b))`` to index or count them).
 
         Keys: ``job_id``, ``custom_id``, ``kind``, ``status``, ``attempts``, ``output_text``,
-        ``label``, ``label_probs``, ``finish_reason``, ``num_prompt_tokens``,
-        ``num_completion_tokens``, ``num_cached_tokens``, ``error``, ``metadata`` (the request's).
+        ``label``, ``label_probs``, ``finish_reason``, ``completions``, ``parsed``,
+        ``prompt_logprobs``, ``num_prompt_tokens``, ``num_completion_tokens``,
+        ``num_cached_tokens``, ``error``, ``metadata`` (the request's), ``sampling_params`` (a
+        generation's sampling fields as stored, engine names, with its ``response_format`` if
+        any; None for a classification). The columns are described in :class:`weir.jobs.db.Job`.
         """
         for job in self.iter_jobs(batch_id, page_size=page_size):
             yield {
@@ -617,11 +629,15 @@ class Client:
                 "label": job.label,
                 "label_probs": job.label_probs,
                 "finish_reason": job.finish_reason,
+                "completions": job.completions,
+                "parsed": job.parsed,
+                "prompt_logprobs": job.prompt_logprobs,
                 "num_prompt_tokens": job.num_prompt_tokens,
                 "num_completion_tokens": job.num_completion_tokens,
                 "num_cached_tokens": job.num_cached_tokens,
                 "error": job.error,
                 "metadata": job.request.get("metadata", {}),
+                "sampling_params": _sampling_params(job.request) if job.kind.value == "generate" else None,
             }
 
     def cancel(self, batch_id: BatchId) -> BatchProgress:

@@ -3,7 +3,7 @@
 Tables:
     ``batches``             one row per submitted batch: status lifecycle and job counts.
     ``jobs``                one row per request, keyed by job id: the request, its status and result.
-    ``product_enrichment``  one row per catalog product: predicted category and written description.
+    ``product_enrichment``  one row per (catalog, product id): predicted category and written description.
     ``dead_letters``        one row per queue message the worker could not read, with the reason.
 
 The schema itself is created by the Alembic migrations in ``migrations/``; the models here must
@@ -164,6 +164,18 @@ class Job(Base):
     ``lease_token``, one more with every claim, is its fencing token: a write carrying an older
     token changes nothing. ``published_at`` is when its message was last published (null: not
     yet). Result columns stay null until it finishes.
+
+    A generation's result: ``output_text``/``finish_reason`` are its first completion's (the
+    only one for ``n == 1``); ``completions`` holds all ``n`` of them, in order, as
+    ``{"index", "text", "finish_reason", "stop_reason", "num_tokens", "cumulative_logprob",
+    "logprobs", "parsed"}`` (``logprobs``: null unless asked, else per generated token a list of
+    ``{"token_id", "logprob", "rank", "decoded_token"}``, the sampled token first, then the top
+    ones); ``num_completion_tokens`` counts the tokens of all of them (OpenAI's usage);
+    ``prompt_logprobs`` the same entries per prompt token (null for the first) when asked.
+    ``parsed`` is the first completion's text parsed as JSON, set only when the job asked for
+    JSON output (``response_format`` or a ``json``/``json_object`` constraint), it finished as
+    ``stop`` and its text parses; null otherwise (an output cut by ``max_tokens`` is never
+    claimed valid, and a JSON ``null`` reads as null too).
     """
 
     __tablename__ = "jobs"
@@ -194,6 +206,9 @@ class Job(Base):
     label: Mapped[Optional[str]] = mapped_column(Text)
     label_probs: Mapped[Optional[dict[str, Any]]]
     finish_reason: Mapped[Optional[str]] = mapped_column(String(16))
+    completions: Mapped[Optional[list[Any]]] = mapped_column(JSON(none_as_null=True))
+    parsed: Mapped[Optional[Any]] = mapped_column(JSON(none_as_null=True))
+    prompt_logprobs: Mapped[Optional[list[Any]]] = mapped_column(JSON(none_as_null=True))
     num_prompt_tokens: Mapped[Optional[int]] = mapped_column(Integer)
     num_completion_tokens: Mapped[Optional[int]] = mapped_column(Integer)
     num_cached_tokens: Mapped[Optional[int]] = mapped_column(Integer)
@@ -209,12 +224,15 @@ class Job(Base):
 
 
 class ProductEnrichment(Base):
-    """What the model said about one catalog product. A field is written only by a batch created
-    no earlier than the one that last wrote the row (``source_batch_created_at``): a late result
-    of an older batch never overwrites a newer one."""
+    """What the model said about one product of one catalog, keyed by (``catalog``,
+    ``product_id``): two catalogs' products of the same id keep their own rows. Written only by
+    jobs marked as catalog enrichment (``weir.jobs.schemas.Enrichment``). A field is written only
+    by a batch created no earlier than the one that last wrote the row (``source_batch_created_at``):
+    a late result of an older batch never overwrites a newer one."""
 
     __tablename__ = "product_enrichment"
 
+    catalog: Mapped[str] = mapped_column(String(300), primary_key=True)
     product_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     category: Mapped[Optional[str]] = mapped_column(Text)
     category_confidence: Mapped[Optional[float]] = mapped_column(Float)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Optional, Sequence
 
-from weir.jobs.schemas import ClassifyRequest, JobRequest
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest
 from weir.model_source import PromptType, encode_prompt, gguf_context_length, parse_prompt, resolve_model
 from weir.model_source import load_tokenizer as _load_tokenizer
 from weir.model_source import model_context_length as _model_context_length
@@ -28,7 +28,8 @@ EnginePrompt = PromptType
 
 
 class PromptTooLongError(ValueError):
-    """A prompt (plus its longest label, for classification) does not fit in ``max_model_len``."""
+    """A prompt plus its ``max_tokens`` (a generation) or its longest label (a classification)
+    does not fit in ``max_model_len``."""
 
 
 def resolve_model_path(model: Optional[str]) -> str:
@@ -136,8 +137,9 @@ class PromptChecker:
     def check(self, request: JobRequest) -> int:
         """Refuse a request the engine would refuse for its length.
 
-        A generation needs room for at least one new token (prompt < ``max_model_len``); a
-        classification needs the prompt plus its longest label (with EOS) to fit.
+        A generation needs its prompt plus ``max_tokens`` to fit (as vLLM's OpenAI server asks; the
+        engine would otherwise stop it at ``max_model_len`` after running far longer than
+        asked); a classification needs the prompt plus its longest label (with EOS) to fit.
 
         Returns:
             The number of prompt tokens.
@@ -175,6 +177,10 @@ class PromptChecker:
                     f"prompt of request {name} has {num_prompt_tokens} tokens; max_model_len="
                     f"{self.max_model_len} leaves no room for output{where}"
                 )
+            if isinstance(request, GenerateRequest):
+                problem = too_long_for_output(num_prompt_tokens, request.max_tokens, self.max_model_len)
+                if problem is not None:
+                    raise PromptTooLongError(f"request {name}: {problem}{where}")
             if isinstance(request, ClassifyRequest):
                 longest = num_prompt_tokens + max(label_lens[key] for key in _label_keys(request))
                 if longest > self.max_model_len:
@@ -190,6 +196,17 @@ class PromptChecker:
         num_eos = 0 if self.tokenizer.eos_token_id is None else 1
         counts = self._num_tokens([text for text, _ in keys], add_special_tokens=False)
         return {key: n + (num_eos if key[1] else 0) for key, n in zip(keys, counts)}
+
+
+def too_long_for_output(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> Optional[str]:
+    """Why a generation of ``max_tokens`` after ``num_prompt_tokens`` cannot fit in
+    ``max_model_len``, or None when it fits (the client's and the worker's one rule)."""
+    if max_tokens > max_model_len:
+        return f"max_tokens={max_tokens} is more than max_model_len={max_model_len}"
+    if num_prompt_tokens + max_tokens > max_model_len:
+        return (f"prompt ({num_prompt_tokens} tokens) plus max_tokens={max_tokens} is "
+                f"{num_prompt_tokens + max_tokens} tokens, more than max_model_len={max_model_len}")
+    return None
 
 
 def _label_keys(request: ClassifyRequest) -> list[tuple[str, bool]]:

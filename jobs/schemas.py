@@ -1,8 +1,9 @@
 """What a caller may ask for: pydantic request models, validated before anything is stored or sent.
 
 A request is stored as JSON in the ``weir.jobs.request`` column and parsed back by the worker with
-:func:`parse_request`, so both sides agree on one schema. Sampling fields carry vLLM's names and
-ranges (``engine.SamplingParams``).
+:func:`parse_request`, so both sides agree on one schema. A generation's sampling fields are every
+field of ``weir.engine.SamplingParams``, with its names and defaults, and are checked by building
+one: its ranges and its error messages, nothing restated here.
 
 How a prompt reaches the model: a plain string without ``system_prompt`` is run as raw text
 (a completion); a list of chat messages, or any string with a ``system_prompt``, goes through the
@@ -11,13 +12,21 @@ model's chat template with the generation prompt appended.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Discriminator, Field, SkipValidation, Tag, ValidationError, field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from weir.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 MAX_CUSTOM_ID_CHARS = 256
 MAX_PRODUCT_ID_CHARS = 64  # product_enrichment.product_id is VARCHAR(64)
+MAX_CATALOG_CHARS = 300  # product_enrichment.catalog is VARCHAR(300)
 MAX_SEED = 2**63 - 1
 MAX_TEXT_CHARS = 1_000_000
 """Longest prompt, system prompt, message or label text a request may carry, in characters.
@@ -98,6 +107,17 @@ Prompt = Annotated[
 ]
 
 
+class Enrichment(BaseModel):
+    """Marks a catalog enrichment job: its result fills the ``product_enrichment`` row of
+    (``catalog``, ``product_id``). A classification sets the row's category, a generation its
+    description. Jobs without it never write that table, whatever their metadata holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    catalog: str = Field(min_length=1, max_length=MAX_CATALOG_CHARS)
+    product_id: str = Field(min_length=1, max_length=MAX_PRODUCT_ID_CHARS)
+
+
 class _JobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -106,6 +126,17 @@ class _JobRequest(BaseModel):
     custom_id: Optional[str] = Field(None, min_length=1, max_length=MAX_CUSTOM_ID_CHARS)
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free JSON kept with the job (see :func:`check_json` for what it may hold)."""
+    enrichment: Optional[Enrichment] = None
+
+    @field_validator("prompt", "calibration_prompt", mode="before", check_fields=False)
+    @classmethod
+    def _prompt_is_not_a_dict(cls, prompt: Any) -> Any:
+        # A dict would otherwise be reported as a malformed list of chat messages.
+        if isinstance(prompt, dict):
+            keys = ", ".join(repr(k) for k in prompt) or "none"
+            raise ValueError(f"a prompt is a string or a list of chat messages ({{'role': ..., 'content': ...}}), "
+                             f"not a dict (keys {keys})")
+        return prompt
 
     @field_validator("prompt")
     @classmethod
@@ -136,43 +167,179 @@ class _JobRequest(BaseModel):
 
     @field_validator("metadata", mode="plain")
     @classmethod
-    def _product_id_fits(cls, metadata: Any) -> dict[str, Any]:
+    def _metadata_is_json(cls, metadata: Any) -> dict[str, Any]:
         if type(metadata) is not dict:
             raise ValueError(f"metadata must be a dict, not {_type_name(metadata)}")
         check_json(metadata, "metadata")
-        value = metadata.get("product_id")
-        if value is not None:
-            if not isinstance(value, (str, int)) or isinstance(value, bool):
-                raise ValueError("metadata.product_id must be a string or an integer")
-            if not 0 < len(str(value)) <= MAX_PRODUCT_ID_CHARS:
-                raise ValueError(f"metadata.product_id must have 1 to {MAX_PRODUCT_ID_CHARS} characters")
         return metadata
 
-    @property
-    def product_id(self) -> Optional[str]:
-        """``metadata["product_id"]`` as a string, when the job enriches a catalog product."""
-        value = self.metadata.get("product_id")
-        return None if value is None else str(value)
+
+_ENGINE_DEFAULTS = SamplingParams()
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+"""The sampling fields a generation carries: every field of ``weir.engine.SamplingParams``."""
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``: a named JSON Schema the output must follow."""
+
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: Optional[str] = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``{"type": "text"}`` (free text), ``{"type": "json_object"}``
+    (any JSON object) or ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}``.
+    vLLM serves it as ``structured_outputs`` (``json_object`` or ``json``), and so does weir."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_given_for_json_schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs json_schema: {name, schema}")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(f"response_format of type {self.type} takes no json_schema")
+        if self.json_schema is not None:
+            check_json(self.json_schema.schema_, "response_format.json_schema.schema")
+        return self
+
+    def structured_outputs(self) -> Optional[dict[str, Any]]:
+        """The ``StructuredOutputsParams`` dict this format asks for (None for text)."""
+        if self.type == "json_object":
+            return {"json_object": True}
+        if self.type == "json_schema":
+            return {"json": self.json_schema.schema_}
+        return None
+
+
+# The engine's messages start with the field they refuse ("max_tokens must be ...",
+# "structured_outputs.json is not supported: ..."); a response_format's are renamed to its own.
+_RESPONSE_FORMAT_NAMES = {"structured_outputs.json": "response_format.json_schema.schema",
+                          "structured_outputs.json_object": "response_format"}
 
 
 class GenerateRequest(_JobRequest):
-    """Generate a continuation of ``prompt``.
+    """Generate ``n`` continuations of ``prompt``.
 
-    Sampling fields have vLLM's names and ranges: ``temperature >= 0`` (0 = greedy),
-    ``0 < top_p <= 1``, ``top_k`` of -1/0 (off) or ``>= 1``, ``max_tokens >= 1``, ``seed >= 0``.
+    The sampling fields are ``weir.engine.SamplingParams``' own (``n``, ``temperature``, ``top_p``,
+    ``top_k``, ``min_p``, ``seed``, ``max_tokens``, ``min_tokens``, ``stop``, ``stop_token_ids``,
+    ``include_stop_str_in_output``, ``ignore_eos``, the three penalties, ``logprobs``,
+    ``prompt_logprobs``, the two special-token switches, ``structured_outputs``), with its defaults;
+    they are checked by building a ``SamplingParams``, so its ranges and its errors apply, each
+    error reported at the field it names. They are stored as the engine normalises them (``stop``
+    a list, ``top_k`` 0 when off).
+
+    ``response_format`` (OpenAI's shapes, see :class:`ResponseFormat`) is another way to ask for
+    ``structured_outputs``; giving both is refused. A schema, regex or grammar the engine's
+    backend cannot compile is refused here too, naming the field
+    (``response_format.json_schema.schema: ...``).
     """
 
     kind: Literal["generate"] = "generate"
-    # strict: a bool or a numeric string is refused, not coerced (the engine refuses them too)
-    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, strict=True)
-    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False, strict=True)
-    top_k: int = Field(0, ge=-1, strict=True)
-    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, strict=True)
-    max_tokens: int = Field(16, ge=1, strict=True)
+    # SkipValidation: the types document the fields; SamplingParams checks them (model validator).
+    n: SkipValidation[int] = _ENGINE_DEFAULTS.n
+    temperature: SkipValidation[float] = _ENGINE_DEFAULTS.temperature
+    top_p: SkipValidation[float] = _ENGINE_DEFAULTS.top_p
+    top_k: SkipValidation[int] = _ENGINE_DEFAULTS.top_k
+    min_p: SkipValidation[float] = _ENGINE_DEFAULTS.min_p
+    seed: SkipValidation[Optional[int]] = _ENGINE_DEFAULTS.seed
+    max_tokens: SkipValidation[int] = _ENGINE_DEFAULTS.max_tokens
+    min_tokens: SkipValidation[int] = _ENGINE_DEFAULTS.min_tokens
+    stop: SkipValidation[Optional[Union[str, list[str]]]] = Field(default_factory=list)
+    stop_token_ids: SkipValidation[list[int]] = Field(default_factory=list)
+    include_stop_str_in_output: SkipValidation[bool] = _ENGINE_DEFAULTS.include_stop_str_in_output
+    ignore_eos: SkipValidation[bool] = _ENGINE_DEFAULTS.ignore_eos
+    presence_penalty: SkipValidation[float] = _ENGINE_DEFAULTS.presence_penalty
+    frequency_penalty: SkipValidation[float] = _ENGINE_DEFAULTS.frequency_penalty
+    repetition_penalty: SkipValidation[float] = _ENGINE_DEFAULTS.repetition_penalty
+    logprobs: SkipValidation[Optional[int]] = _ENGINE_DEFAULTS.logprobs
+    prompt_logprobs: SkipValidation[Optional[int]] = _ENGINE_DEFAULTS.prompt_logprobs
+    skip_special_tokens: SkipValidation[bool] = _ENGINE_DEFAULTS.skip_special_tokens
+    spaces_between_special_tokens: SkipValidation[bool] = _ENGINE_DEFAULTS.spaces_between_special_tokens
+    structured_outputs: SkipValidation[Optional[dict[str, Any]]] = None
+    response_format: Optional[ResponseFormat] = None
+
+    @model_validator(mode="after")
+    def _engine_accepts_sampling_fields(self) -> "GenerateRequest":
+        if self.response_format is not None and self.structured_outputs is not None:
+            raise _field_error("structured_outputs", self.structured_outputs,
+                               "structured_outputs: give response_format or structured_outputs, not both")
+        try:
+            params = self.sampling_params()
+            if params.structured_outputs is not None:
+                _check_constraint(params.structured_outputs)
+        except ValueError as exc:
+            message = str(exc)
+            if self.response_format is not None:
+                engine_name = message.split(" ", 1)[0]
+                if engine_name in _RESPONSE_FORMAT_NAMES:
+                    message = f"{_RESPONSE_FORMAT_NAMES[engine_name]}: {message}"
+            name = message.split(" ", 1)[0].rstrip(":")
+            raise _field_error(name, getattr(self, name.split(".")[0], None), message) from None
+        for name in SAMPLING_FIELDS:
+            if name != "structured_outputs":
+                setattr(self, name, getattr(params, name))
+        if self.structured_outputs is not None:
+            self.structured_outputs = params.structured_outputs.to_dict()
+            check_json(self.structured_outputs, "structured_outputs")
+        return self
+
+    def sampling_params(self) -> SamplingParams:
+        """The engine's ``SamplingParams`` for this request (``response_format`` mapped to
+        ``structured_outputs``)."""
+        fields = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        if self.response_format is not None:
+            fields["structured_outputs"] = self.response_format.structured_outputs()
+        return SamplingParams(**fields)
 
     def sampling_fields(self) -> dict[str, Any]:
-        """Keyword arguments for ``engine.SamplingParams``."""
-        return self.model_dump(include={"temperature", "top_p", "top_k", "seed", "max_tokens"})
+        """The sampling fields by their engine names, as stored (JSON)."""
+        return {name: getattr(self, name) for name in SAMPLING_FIELDS}
+
+    @property
+    def wants_json(self) -> bool:
+        """Whether the output is asked to be JSON (``json`` or ``json_object`` constraint)."""
+        if self.response_format is not None:
+            return self.response_format.type != "text"
+        return self.structured_outputs is not None and bool(
+            {"json", "json_object"} & {k for k, v in self.structured_outputs.items() if v not in (None, False)})
+
+
+def _field_error(name: str, value: Any, message: str) -> ValidationError:
+    """A ValidationError at the field ``name`` (dotted for a nested one) with the engine's message."""
+    loc = tuple(name.split(".")) if name.split(".")[0] in GenerateRequest.model_fields else ()
+    return ValidationError.from_exception_data("GenerateRequest", [InitErrorDetails(
+        type=PydanticCustomError("sampling_params", "{message}", {"message": message}), loc=loc, input=value)])
+
+
+_MAX_CHECKED_CONSTRAINTS = 256
+_checked_constraints: set[tuple] = set()
+
+
+def _check_constraint(spec: StructuredOutputsParams) -> None:
+    """Compile a constraint with the engine's backend, once per distinct spec (a batch usually
+    repeats one schema).
+
+    Raises:
+        ValueError: the backend cannot compile it; the message names the field
+            (``structured_outputs.json ...``). Imports xgrammar and torch, so only requests that
+            carry a constraint pay for them.
+    """
+    if spec.key in _checked_constraints:
+        return
+    from weir.engine.structured_outputs import check
+
+    check(spec)
+    if len(_checked_constraints) >= _MAX_CHECKED_CONSTRAINTS:
+        _checked_constraints.clear()
+    _checked_constraints.add(spec.key)
 
 
 class ClassifyRequest(_JobRequest):

@@ -17,9 +17,10 @@ Result writes are upserts keyed by job id (``INSERT .. ON CONFLICT (id) DO UPDAT
 a redelivered job never makes a second row, and a finished job is never changed again.
 
 Storage rules for results (the same on Postgres and SQLite): a NUL character (U+0000) in any text
-result (generated text, label, error) is stored as U+FFFD, since Postgres text cannot hold NUL;
-nothing else changes and nothing is cut. NaN and Infinity in ``label_probs`` (and a non-finite
-``category_confidence``) are stored as null.
+result (generated text, label, error, and every string inside ``completions``, ``parsed`` and
+``prompt_logprobs``) is stored as U+FFFD, since Postgres text cannot hold NUL; nothing else
+changes and nothing is cut. NaN and Infinity in ``label_probs`` and inside the JSON results (and a
+non-finite ``category_confidence``) are stored as null.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class JobResult:
     """The outcome of running one job, as the worker hands it to :func:`record_result`.
 
     ``status`` is ``SUCCEEDED`` or ``FAILED``; a failure carries ``error`` and no output.
-    ``label_probs`` maps each label to its probability (summing to 1).
+    ``label_probs`` maps each label to its probability (summing to 1). ``completions``,
+    ``parsed`` and ``prompt_logprobs`` are a generation's, as :class:`weir.jobs.db.Job` describes.
     """
 
     status: JobStatus
@@ -68,6 +70,9 @@ class JobResult:
     label: Optional[str] = None
     label_probs: Optional[dict[str, float]] = None
     finish_reason: Optional[str] = None
+    completions: Optional[list[dict[str, Any]]] = None
+    parsed: Any = None
+    prompt_logprobs: Optional[list[Any]] = None
     num_prompt_tokens: Optional[int] = None
     num_completion_tokens: Optional[int] = None
     num_cached_tokens: Optional[int] = None
@@ -88,12 +93,50 @@ class JobResult:
             label=_text(self.label),
             label_probs=probs,
             finish_reason=_text(self.finish_reason),
+            completions=_json_value(self.completions),
+            parsed=_json_value(self.parsed),
+            prompt_logprobs=_json_value(self.prompt_logprobs),
             error=_text(self.error),
         )
 
 
+def parse_json_output(text: str, finish_reason: Optional[str]) -> Any:
+    """The JSON value of a generated text that was asked to be JSON, or None.
+
+    None unless the generation finished as ``"stop"`` (an output cut by ``max_tokens`` or
+    ``max_model_len`` is never claimed valid) and the whole text (surrounding whitespace aside) is
+    one JSON value that the database can store: NaN and Infinity, which Python's parser accepts,
+    are not JSON.
+    """
+    if finish_reason != "stop":
+        return None
+    try:
+        value = json.loads(text, parse_constant=_not_json)
+        check_json(value, "output")
+    except ValueError:  # json.JSONDecodeError is one
+        return None
+    return value
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
 def _text(value: Optional[str]) -> Optional[str]:
     return None if value is None else value.replace("\x00", NUL_REPLACEMENT)
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` under the storage rules: NUL -> U+FFFD in every string, NaN/Inf -> None."""
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {_text(str(k)): _json_value(v) for k, v in value.items()}
+    return value
 
 
 def create_batch(
@@ -586,7 +629,8 @@ def record_results(session: Session, results: Iterable[tuple[Job, JobResult]]) -
 
 _RESULT_FIELDS = (
     ("status", "text"), ("output_text", "text"), ("label", "text"), ("label_probs", "json"),
-    ("finish_reason", "text"), ("num_prompt_tokens", "int"), ("num_completion_tokens", "int"),
+    ("finish_reason", "text"), ("completions", "json"), ("parsed", "json"), ("prompt_logprobs", "json"),
+    ("num_prompt_tokens", "int"), ("num_completion_tokens", "int"),
     ("num_cached_tokens", "int"), ("error", "text"),
 )
 _SET_RESULT = ", ".join(f"{name} = v.{name}" for name, _ in _RESULT_FIELDS)
@@ -603,8 +647,9 @@ _FINISH_SQL = {
         "FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.lease_token') AS lease_token, "
         + ", ".join(
             f"json_extract(value, '$.{name}') AS {name}" if kind != "json"
+            # json_quote: a JSON string stays JSON text (json_extract alone unquotes it)
             else f"CASE WHEN json_type(value, '$.{name}') = 'null' THEN NULL "
-                 f"ELSE json_extract(value, '$.{name}') END AS {name}"
+                 f"ELSE json_quote(json_extract(value, '$.{name}')) END AS {name}"
             for name, kind in _RESULT_FIELDS) + " FROM json_each(:rows)) AS v "
         "WHERE jobs.id = v.id AND jobs.status = 'running' AND jobs.lease_token = v.lease_token "
         "RETURNING jobs.id, jobs.batch_id, jobs.status"
@@ -658,26 +703,36 @@ def record_enrichment(session: Session, job: Job, result: JobResult, *, model: s
     return bool(record_enrichments(session, [(job, result)], model=model))
 
 
-def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]], *, model: str) -> set[str]:
-    """Upsert the ``product_enrichment`` rows of succeeded jobs that name a product.
+def enrichment_target(job: Job) -> Optional[tuple[str, str]]:
+    """(catalog, product id) of a job marked as catalog enrichment (its request's
+    ``enrichment``), else None: a job's metadata never makes it one."""
+    target = job.request.get("enrichment")
+    return None if target is None else (target["catalog"], target["product_id"])
+
+
+def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]], *,
+                       model: str) -> set[tuple[str, str]]:
+    """Upsert the ``product_enrichment`` rows of succeeded catalog enrichment jobs, keyed by
+    (catalog, product id) (see :func:`enrichment_target`).
 
     A classification job sets ``category`` and ``category_confidence`` (the label's probability);
-    a generation job sets ``description`` and its ``quality`` (:func:`weir.jobs.quality.description_quality`). Fields the job does not produce are left as they are.
+    a generation job sets ``description`` and its ``quality``
+    (:func:`weir.jobs.quality.description_quality`). Fields the job does not produce are left as they are.
     A row is written only when the job's batch was created no earlier than the batch that last
     wrote it (``source_batch_created_at``): an older batch's late result never overwrites a newer
     one. Call it in the transaction that stored the results, with only the jobs whose row took
     them (see :func:`record_results`), so a redelivered job never writes twice.
 
     Args:
-        results: (job, result) pairs; jobs without ``metadata.product_id`` or results that did not
+        results: (job, result) pairs; jobs not marked as enrichment and results that did not
             succeed are skipped.
         model: name of the model that produced them.
 
     Returns:
-        The product ids whose row was written.
+        The (catalog, product id) keys whose row was written.
     """
     wanted = [(job, result.storable()) for job, result in results
-              if result.status == JobStatus.SUCCEEDED and job.request.get("metadata", {}).get("product_id") is not None]
+              if result.status == JobStatus.SUCCEEDED and enrichment_target(job) is not None]
     if not wanted:
         return set()
     created = dict(session.execute(
@@ -685,7 +740,7 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     ).all())
     now = utcnow()
     # One row per product and field set: a statement may not touch a row twice.
-    merged: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+    merged: dict[tuple[str, str, tuple[str, ...]], dict[str, Any]] = {}
     for job, result in wanted:
         if job.kind == JobKind.CLASSIFY:
             fields = {"category": result.label,
@@ -693,22 +748,22 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
         else:
             fields = {"description": result.output_text,
                       "quality": description_quality(result.output_text)}
-        product_id = str(job.request["metadata"]["product_id"])
-        row = dict(product_id=product_id, model=model, source_batch_id=job.batch_id,
+        catalog, product_id = enrichment_target(job)
+        row = dict(catalog=catalog, product_id=product_id, model=model, source_batch_id=job.batch_id,
                    source_batch_created_at=created.get(job.batch_id), updated_at=now, **fields)
-        key = (product_id, tuple(sorted(fields)))
+        key = (catalog, product_id, tuple(sorted(fields)))
         kept = merged.get(key)
         if kept is None or _newer(row["source_batch_created_at"], kept["source_batch_created_at"]):
             merged[key] = row
     dialect = session.get_bind().dialect.name
-    written: set[str] = set()
-    for names_ in sorted({key[1] for key in merged}):
+    written: set[tuple[str, str]] = set()
+    for names_ in sorted({key[2] for key in merged}):
         rows = [dict(row, source_batch_id=_uuid_literal(row["source_batch_id"], dialect),
                      source_batch_created_at=_time_literal(row["source_batch_created_at"], dialect),
                      updated_at=None)
-                for key, row in sorted(merged.items()) if key[1] == names_]
+                for key, row in sorted(merged.items()) if key[2] == names_]
         found = session.execute(_enrich_sql(dialect, names_), {"rows": json.dumps(rows), "model": model, "now": now})
-        written.update(found.scalars())
+        written.update((catalog, product_id) for catalog, product_id in found.all())
     return written
 
 
@@ -719,8 +774,8 @@ _ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "descripti
 def _enrich_sql(dialect: str, fields: tuple[str, ...]) -> Any:
     """The upsert of enrichment rows that set ``fields``, from a JSON array of rows (one
     statement, compiled once per field set), guarded so an older batch never overwrites."""
-    columns = ("product_id", *fields, "source_batch_id", "source_batch_created_at")
-    kinds = {**_ENRICH_TYPES, "product_id": "text", "source_batch_id": "uuid", "source_batch_created_at": "timestamptz"}
+    columns = ("catalog", "product_id", *fields, "source_batch_id", "source_batch_created_at")
+    kinds = {**_ENRICH_TYPES, "catalog": "text", "product_id": "text", "source_batch_id": "uuid", "source_batch_created_at": "timestamptz"}
     if dialect == "postgresql":
         source = ("FROM json_to_recordset(CAST(:rows AS json)) AS v("
                   + ", ".join(f"{c} {kinds[c]}" for c in columns) + ")")
@@ -732,11 +787,11 @@ def _enrich_sql(dialect: str, fields: tuple[str, ...]) -> Any:
     return text(
         f"INSERT INTO product_enrichment ({', '.join(columns)}, model, updated_at) "
         f"SELECT {select_list}, :model, :now {source} "
-        "ON CONFLICT (product_id) DO UPDATE SET "
+        "ON CONFLICT (catalog, product_id) DO UPDATE SET "
         + ", ".join(f"{c} = excluded.{c}" for c in updated)
         + " WHERE product_enrichment.source_batch_created_at IS NULL"
           " OR product_enrichment.source_batch_created_at <= excluded.source_batch_created_at"
-          " RETURNING product_id"
+          " RETURNING catalog, product_id"
     )
 
 

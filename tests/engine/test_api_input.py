@@ -34,6 +34,15 @@ def test_prompts_of_another_type(llm):
         llm.classify(5, ["yes", "no"])
 
 
+def test_labels_given_as_one_string_are_refused(llm):
+    # "AB" would otherwise be scored as the labels "A" and "B"
+    with pytest.raises(TypeError, match="labels must be a list of strings, got str 'AB'"):
+        llm.classify(["Pick one:"], "AB")
+    with pytest.raises(TypeError, match=r"label_texts must be a list of strings, got str ' yes'"):
+        llm.classify(["Pick one:"], ["yes"], label_texts=" yes")
+    assert _nothing_queued(llm)
+
+
 def test_stop_token_ids_outside_the_vocabulary(llm):
     vocab = llm.llm_engine.config.vocab_size
     bad = SamplingParams(temperature=0, max_tokens=3, stop_token_ids=[1, vocab])

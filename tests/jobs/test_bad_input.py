@@ -114,7 +114,8 @@ def load_job(session_factory, job_id):
 
 
 def test_nul_characters_are_stored_as_replacement_characters_never_cut(session_factory):
-    [job] = claimed_jobs(session_factory, [GenerateRequest(prompt="p", metadata={"product_id": "nul-1"})])
+    [job] = claimed_jobs(session_factory, [GenerateRequest(prompt="p", enrichment={"catalog": "c.csv",
+                                                                                   "product_id": "nul-1"})])
     text = "before\x00after\x00"
     with session_factory.begin() as session:
         assert store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text))
@@ -122,12 +123,13 @@ def test_nul_characters_are_stored_as_replacement_characters_never_cut(session_f
     stored = load_job(session_factory, job.id).output_text
     assert stored == f"before{NUL_REPLACEMENT}after{NUL_REPLACEMENT}" and len(stored) == len(text)
     with session_factory() as session:
-        assert session.get(ProductEnrichment, "nul-1").description == stored
+        assert session.get(ProductEnrichment, ("c.csv", "nul-1")).description == stored
 
 
 def test_nan_and_infinity_in_result_json_are_stored_as_null(session_factory):
     labels = ["a", "b", "c"]
-    [job] = claimed_jobs(session_factory, [ClassifyRequest(prompt="p", labels=labels, metadata={"product_id": "nan-1"})])
+    [job] = claimed_jobs(session_factory, [ClassifyRequest(prompt="p", labels=labels,
+                                                           enrichment={"catalog": "c.csv", "product_id": "nan-1"})])
     result = JobResult(status=JobStatus.SUCCEEDED, label="a",
                        label_probs={"a": math.nan, "b": math.inf, "c": 0.25})
     with session_factory.begin() as session:
@@ -135,7 +137,7 @@ def test_nan_and_infinity_in_result_json_are_stored_as_null(session_factory):
         store.record_enrichment(session, job, result, model="t")
     assert load_job(session_factory, job.id).label_probs == {"a": None, "b": None, "c": 0.25}
     with session_factory() as session:
-        assert session.get(ProductEnrichment, "nan-1").category_confidence is None
+        assert session.get(ProductEnrichment, ("c.csv", "nan-1")).category_confidence is None
 
 
 def test_same_job_twice_in_one_batched_upsert_keeps_one_row_with_the_success(session_factory):

@@ -12,6 +12,7 @@ from weir.jobs.catalog import (
 )
 from weir.jobs.exemplars import ExemplarIndex, Labelled
 from weir.jobs.model_info import PromptChecker
+from weir.jobs.schemas import Enrichment
 from weir.jobs.spec import DESCRIBE_SYSTEM_PROMPT, JobSpec, Taxonomy, load_spec
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
@@ -131,7 +132,12 @@ def test_zero_shot_jobs_per_product():
     assert describe.system_prompt == DESCRIBE_SYSTEM_PROMPT.format(shop="a tea shop")
     assert "grocery" not in describe.system_prompt
     assert (describe.temperature, describe.max_tokens) == (0.0, 96)
+    # the spec's other sampling fields reach the job as they are
+    assert (describe.stop, describe.include_stop_str_in_output, describe.repetition_penalty) == (
+        spec.describe.sampling["stop"], True, 1.2)
     assert classify.metadata == describe.metadata == {"product_id": "42"}
+    key = os.path.abspath("c.csv")
+    assert classify.enrichment == describe.enrichment == Enrichment(catalog=key, product_id="42")
 
 
 def test_exemplar_jobs_show_the_nearest_labelled_products_never_the_product():

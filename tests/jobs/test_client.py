@@ -83,6 +83,36 @@ def test_too_long_prompt_is_refused_at_enqueue(client, celery_app, queue):
     assert published(celery_app, queue) == []
 
 
+@pytest.mark.parametrize("max_tokens, message", [
+    (10**9, r"request big: max_tokens=1000000000 is more than max_model_len=512 \(batch index 1\)"),
+    (511, r"request big: prompt \(2 tokens\) plus max_tokens=511 is 513 tokens, more than max_model_len=512 "
+          r"\(batch index 1\)"),
+])
+def test_max_tokens_beyond_max_model_len_is_refused_at_enqueue(client, celery_app, queue, max_tokens, message):
+    assert len(client.prompt_checker.encode("One two")) == 2
+    before = count_jobs(client)
+    with pytest.raises(PromptTooLongError, match=message):
+        client.enqueue_batch([GenerateRequest(prompt="ok"),
+                              GenerateRequest(prompt="One two", custom_id="big", max_tokens=max_tokens)])
+    assert count_jobs(client) == before
+    assert published(celery_app, queue) == []
+    assert client.prompt_checker.check(GenerateRequest(prompt="One two", max_tokens=510)) == 2
+
+
+def test_an_unsupported_schema_is_refused_before_anything_is_stored(client, celery_app, queue):
+    before = count_jobs(client)
+    bad = {"kind": "generate", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "item", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}}
+    with pytest.raises(ValidationError) as info:
+        client.enqueue_batch([GenerateRequest(prompt="ok"), bad])
+    [error] = info.value.errors()
+    assert error["loc"] == ("response_format", "json_schema", "schema")
+    assert error["msg"].startswith("response_format.json_schema.schema: ")
+    assert info.value.__notes__ == ["request at batch index 1"]
+    assert count_jobs(client) == before
+    assert published(celery_app, queue) == []
+
+
 def test_prompt_plus_label_must_fit(client):
     checker = client.prompt_checker
     prompt = "word " * 505

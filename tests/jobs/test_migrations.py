@@ -60,3 +60,39 @@ def test_revision_files_are_named_by_date_and_slug():
     names = sorted(os.listdir(os.path.join(migrations.SCRIPT_LOCATION, "versions")))
     revisions = [n for n in names if n.endswith(".py")]
     assert revisions and all(re.fullmatch(r"\d{8}_\d{4}_[a-z0-9_]+\.py", n) for n in revisions)
+
+
+def test_enrichment_rows_take_their_batch_catalog_and_downgrade_keeps_the_newest(empty_url):
+    from sqlalchemy import text
+
+    migrations.upgrade(empty_url, "20261201_0003")
+    engine = make_engine(empty_url)
+    batch_a, batch_b = "0" * 31 + "a", "0" * 31 + "b"
+    if engine.dialect.name == "postgresql":
+        batch_a, batch_b = (f"00000000-0000-0000-0000-{b[-12:]}" for b in (batch_a, batch_b))
+    try:
+        with engine.begin() as connection:
+            for batch_id, meta in ((batch_a, '{"catalog": "/data/a.csv"}'), (batch_b, "{}")):
+                connection.execute(text(
+                    "INSERT INTO batches (id, status, model, num_jobs, num_succeeded, num_failed, num_cancelled, "
+                    "created_at, metadata) VALUES (:id, 'completed', 'm', 0, 0, 0, 0, '2026-12-01 00:00:00+00', "
+                    ":meta)"), {"id": batch_id, "meta": meta})
+            for product_id, batch_id in (("1", batch_a), ("2", batch_b)):
+                connection.execute(text(
+                    "INSERT INTO product_enrichment (product_id, category, model, source_batch_id, updated_at) "
+                    "VALUES (:p, 'Tea', 'm', :b, '2026-12-01 00:00:00+00')"), {"p": product_id, "b": batch_id})
+        migrations.upgrade(empty_url)
+        with engine.begin() as connection:
+            assert connection.execute(text(
+                "SELECT catalog, product_id FROM product_enrichment ORDER BY product_id")).all() == [
+                ("/data/a.csv", "1"), ("", "2")]
+            connection.execute(text(  # another catalog's product 1, written later
+                "INSERT INTO product_enrichment (catalog, product_id, category, model, updated_at) "
+                "VALUES ('/data/b.csv', '1', 'Soap', 'm', '2026-12-02 00:00:00+00')"))
+        migrations.downgrade(empty_url, "20261201_0003")
+        with engine.begin() as connection:
+            assert connection.execute(text(
+                "SELECT product_id, category FROM product_enrichment ORDER BY product_id")).all() == [
+                ("1", "Soap"), ("2", "Tea")]
+    finally:
+        engine.dispose()

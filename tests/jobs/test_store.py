@@ -16,9 +16,16 @@ from weir.jobs.store import JobResult
 
 
 
+CATALOG = "/data/catalog.csv"
+
+
+def enriching(product_id, catalog=CATALOG):
+    return {"catalog": catalog, "product_id": product_id}
+
+
 def make_batch(session_factory, num_jobs=3):
     requests = [
-        GenerateRequest(prompt=f"p{i}", custom_id=f"c{i}", metadata={"product_id": f"prod-{i}"})
+        GenerateRequest(prompt=f"p{i}", custom_id=f"c{i}", enrichment=enriching(f"prod-{i}"))
         for i in range(num_jobs)
     ]
     with session_factory.begin() as session:
@@ -170,16 +177,16 @@ def test_an_older_batch_never_overwrites_a_newer_enrichment(session_factory):
     for text in ("old", "new"):
         with session_factory.begin() as session:
             _, [job] = store.create_batch(
-                session, [GenerateRequest(prompt="p", metadata={"product_id": product})], model="tiny")
+                session, [GenerateRequest(prompt="p", enrichment=enriching(product))], model="tiny")
         with session_factory.begin() as session:
             claimed.append((store.claim_job(session, job.id), text))
     for job, text in reversed(claimed):  # the newer batch's result lands first
         with session_factory.begin() as session:
             assert store.record_result(session, job, ok(text)) is True
             written = store.record_enrichments(session, [(job, ok(text))], model="tiny")
-        assert written == ({product} if text == "new" else set())
+        assert written == ({(CATALOG, product)} if text == "new" else set())
     with session_factory() as session:
-        row = session.get(ProductEnrichment, product)
+        row = session.get(ProductEnrichment, (CATALOG, product))
     assert (row.description, row.source_batch_id) == ("new", claimed[1][0].batch_id)
 
 
@@ -277,8 +284,8 @@ def test_cancel_skips_queued_jobs(session_factory):
 def test_enrichment_rows_merge_category_and_description(session_factory):
     requests = [
         ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="7/category",
-                        metadata={"product_id": 7}),
-        GenerateRequest(prompt="p", custom_id="7/description", metadata={"product_id": 7}),
+                        enrichment=enriching("7")),
+        GenerateRequest(prompt="p", custom_id="7/description", enrichment=enriching("7")),
         GenerateRequest(prompt="p", custom_id="plain"),
     ]
     with session_factory.begin() as session:
@@ -289,18 +296,94 @@ def test_enrichment_rows_merge_category_and_description(session_factory):
     run(session_factory, jobs[2].id, ok())
     with session_factory() as session:
         rows = session.scalars(select(ProductEnrichment).where(ProductEnrichment.source_batch_id == batch.id)).all()
-    assert [(r.product_id, r.category, r.category_confidence, r.description, r.quality, r.model) for r in rows] == [
-        ("7", "Soap", 0.75, "A fine soap.", "ok", "tiny")
+    assert [(r.catalog, r.product_id, r.category, r.category_confidence, r.description, r.quality, r.model)
+            for r in rows] == [(CATALOG, "7", "Soap", 0.75, "A fine soap.", "ok", "tiny")]
+
+
+def num_enrichment_rows(session_factory, batch_id):
+    with session_factory() as session:
+        return session.scalar(select(func.count()).select_from(ProductEnrichment)
+                              .where(ProductEnrichment.source_batch_id == batch_id))
+
+
+def test_a_job_whose_metadata_names_a_product_writes_no_enrichment(session_factory):
+    # A sentiment job about a product: its label is no category of any catalog.
+    request = ClassifyRequest(prompt="Great tea!", labels=["positive", "negative"],
+                              metadata={"product_id": "tea-1"})
+    with session_factory.begin() as session:
+        batch, [job] = store.create_batch(session, [request], model="tiny")
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job.id)
+    result = JobResult(status=JobStatus.SUCCEEDED, label="positive", label_probs={"positive": 0.9, "negative": 0.1})
+    with session_factory.begin() as session:
+        assert store.record_result(session, job, result) is True
+        assert store.record_enrichments(session, [(job, result)], model="tiny") == set()
+    assert num_enrichment_rows(session_factory, batch.id) == 0
+
+
+def test_two_catalogs_with_the_same_product_id_keep_both_rows(session_factory):
+    requests = [ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id=f"{catalog}/1/category",
+                                enrichment=enriching("1", catalog))
+                for catalog in ("/data/shop-a.csv", "/data/shop-b.csv")]
+    with session_factory.begin() as session:
+        batch, jobs = store.create_batch(session, requests, model="tiny")
+    for job, label in zip(jobs, ("Tea", "Soap")):
+        run(session_factory, job.id, JobResult(status=JobStatus.SUCCEEDED, label=label,
+                                               label_probs={"Tea": 0.5, "Soap": 0.5}))
+    with session_factory() as session:
+        rows = session.execute(select(ProductEnrichment.catalog, ProductEnrichment.product_id,
+                                      ProductEnrichment.category)
+                               .where(ProductEnrichment.source_batch_id == batch.id)
+                               .order_by(ProductEnrichment.catalog)).all()
+    assert [tuple(r) for r in rows] == [("/data/shop-a.csv", "1", "Tea"), ("/data/shop-b.csv", "1", "Soap")]
+
+
+def test_every_completion_and_the_parsed_value_are_stored_as_given(session_factory):
+    completions = [
+        {"index": 0, "text": '"tea"', "finish_reason": "stop", "stop_reason": None, "num_tokens": 3,
+         "cumulative_logprob": -1.5, "parsed": "tea",
+         "logprobs": [[{"token_id": 5, "logprob": -0.5, "rank": 1, "decoded_token": '"'}]]},
+        {"index": 1, "text": "x\x00", "finish_reason": "length", "stop_reason": None, "num_tokens": 2,
+         "cumulative_logprob": float("-inf"), "parsed": None, "logprobs": None},
     ]
+    prompt_logprobs = [None, [{"token_id": 9, "logprob": -2.0, "rank": 3, "decoded_token": "a"}]]
+    batch_id, job_ids = make_batch(session_factory, num_jobs=3)
+    results = [
+        JobResult(status=JobStatus.SUCCEEDED, output_text='"tea"', finish_reason="stop", completions=completions,
+                  parsed="tea", prompt_logprobs=prompt_logprobs, num_completion_tokens=5),
+        JobResult(status=JobStatus.SUCCEEDED, output_text="{}", finish_reason="stop", parsed={"a": [1, None]}),
+        ok(),
+    ]
+    for job_id, result in zip(job_ids, results):
+        run(session_factory, job_id, result)
+    _, jobs = load(session_factory, batch_id)
+    stored = [dict(completions[0]), dict(completions[1], text="x\ufffd", cumulative_logprob=None)]
+    assert (jobs[0].completions, jobs[0].parsed, jobs[0].prompt_logprobs) == (stored, "tea", prompt_logprobs)
+    assert (jobs[1].completions, jobs[1].parsed) == (None, {"a": [1, None]})
+    with session_factory() as session:  # SQL NULL, not JSON null, where nothing was parsed
+        nulls = session.execute(select(Job.id).where(Job.batch_id == batch_id, Job.parsed.is_(None))).scalars().all()
+    assert nulls == [job_ids[2]]
+
+
+@pytest.mark.parametrize("text, finish_reason, parsed", [
+    ('{"a": 1}', "stop", {"a": 1}),
+    (' [1, "x"] ', "stop", [1, "x"]),
+    ('{"a": 1}', "length", None),
+    ('{"a": 1', "stop", None),
+    ('{"a": NaN}', "stop", None),
+    ("", "stop", None),
+])
+def test_parse_json_output(text, finish_reason, parsed):
+    assert store.parse_json_output(text, finish_reason) == parsed
 
 
 def test_enrichment_row_flags_an_unfinished_looping_description(session_factory):
-    request = GenerateRequest(prompt="p", custom_id="8/description", metadata={"product_id": 8})
+    request = GenerateRequest(prompt="p", custom_id="8/description", enrichment=enriching("8"))
     with session_factory.begin() as session:
         batch, jobs = store.create_batch(session, [request], model="tiny")
     run(session_factory, jobs[0].id, ok("Fast 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs"))
     with session_factory() as session:
-        row = session.get(ProductEnrichment, "8")
+        row = session.get(ProductEnrichment, (CATALOG, "8"))
     assert (row.description, row.quality) == ("Fast 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs",
                                               "unfinished,repetitive")
 

@@ -72,6 +72,42 @@ def test_db_reconcile_repairs_counters_changed_by_hand(tmp_path):
     assert again.stdout.splitlines() == ["0 batches repaired"]
 
 
+def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
+    import json
+
+    from weir.jobs import store
+    from weir.jobs.db import JobStatus, make_engine, make_session_factory
+    from weir.jobs.schemas import GenerateRequest
+    from weir.jobs.store import JobResult
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    session_factory = make_session_factory(engine)
+    request = GenerateRequest(prompt="p", custom_id="one", n=2, stop="}", response_format={"type": "json_object"})
+    with session_factory.begin() as session:
+        batch, [job] = store.create_batch(session, [request], model="tiny")
+    completions = [{"index": i, "text": "{}", "finish_reason": "stop", "stop_reason": "}", "num_tokens": 2,
+                    "cumulative_logprob": None, "logprobs": None, "parsed": {}} for i in range(2)]
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job.id)
+    with session_factory.begin() as session:
+        store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text="{}", finish_reason="stop",
+                                                    completions=completions, parsed={}, num_completion_tokens=4))
+    engine.dispose()
+    env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    done = weir("results", str(batch.id), env_overrides=env)
+    assert done.returncode == 0, done.stderr
+    [row] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (row["custom_id"], row["status"], row["completions"], row["parsed"], row["num_completion_tokens"]) == (
+        "one", "succeeded", completions, {}, 4)
+    assert (row["sampling_params"]["n"], row["sampling_params"]["stop"], row["sampling_params"]["response_format"]) == (
+        2, ["}"], {"type": "json_object"})
+    missing = weir("results", "00000000-0000-0000-0000-000000000000", env_overrides=env)
+    assert (missing.returncode, missing.stderr) == (
+        2, "weir results: no batch with id 00000000-0000-0000-0000-000000000000\n")
+
+
 def test_enrich_missing_column(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("index,product\n1,Tea\n")

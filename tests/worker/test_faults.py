@@ -265,7 +265,7 @@ def test_redelivery_past_a_short_visibility_timeout_runs_the_job_once(start_work
                           PYTHONPATH=hook + os.pathsep + worker_env["PYTHONPATH"])
     product_id = f"dup-{uuid.uuid4().hex[:8]}"
     batch_id = client.enqueue_batch([GenerateRequest(prompt="A slow one", max_tokens=480, temperature=0,
-                                                     metadata={"product_id": product_id})])
+                                                     enrichment={"catalog": "faults", "product_id": product_id})])
     [job] = client.jobs(batch_id)
     client.wait(batch_id, timeout_s=60)
     assert f"job {job.id}: held under another claim's live lease" in worker.log()
@@ -276,7 +276,7 @@ def test_redelivery_past_a_short_visibility_timeout_runs_the_job_once(start_work
         job_xmin = session.execute(text("SELECT xmin::text FROM jobs WHERE id = :id"), {"id": job.id}).scalar_one()
         enrichment_xmin = session.execute(text("SELECT xmin::text FROM product_enrichment WHERE product_id = :p"),
                                           {"p": product_id}).scalar_one()
-        enrichment = session.get(ProductEnrichment, product_id)
+        enrichment = session.get(ProductEnrichment, ("faults", product_id))
     assert job_xmin == enrichment_xmin
     assert enrichment.description == table["0"][3]
 

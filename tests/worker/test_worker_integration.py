@@ -22,7 +22,7 @@ def test_failed_job_is_recorded_and_the_worker_goes_on(start_worker, client, wor
                 for i in range(4)]
     requests.append(GenerateRequest(prompt="word " * 600, custom_id="too-long", max_tokens=4))
     requests.append(ClassifyRequest(prompt="Product: Tea", system_prompt="Pick one.", labels=["Tea", "Soap"],
-                                    custom_id="cls", metadata={"product_id": "p-1"}))
+                                    custom_id="cls", enrichment={"catalog": "integration", "product_id": "p-1"}))
     batch_id = client.enqueue_batch(requests)
 
     final = client.wait(batch_id, timeout_s=120)
@@ -39,7 +39,7 @@ def test_failed_job_is_recorded_and_the_worker_goes_on(start_worker, client, wor
     cls = results["cls"]
     assert cls["label"] in ("Tea", "Soap") and sum(cls["label_probs"].values()) == pytest.approx(1.0)
     with client.session_factory() as session:
-        enrichment = session.get(ProductEnrichment, "p-1")
+        enrichment = session.get(ProductEnrichment, ("integration", "p-1"))
     assert (enrichment.category, enrichment.source_batch_id) == (cls["label"], batch_id)
     assert enrichment.category_confidence == pytest.approx(cls["label_probs"][cls["label"]])
 
@@ -138,3 +138,63 @@ def test_a_second_nightly_beat_for_the_same_slot_enqueues_nothing(start_worker, 
     assert key == f"catalog:{catalog}@{slot}"
     client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog), "2026-12-02T02:00:00+00:00"], queue=control)
     wait_until(lambda: num_batches() == 2, timeout_s=60, what="the next night's batch")
+
+
+def test_a_job_with_every_kind_of_sampling_field_stores_what_the_engine_returns(start_worker, client, worker_env):
+    from weir.engine import LLM
+
+    start_worker()
+    request = GenerateRequest(prompt="Once upon a time", custom_id="full", n=2, temperature=0.8, seed=11,
+                              stop=[" the", "\n\n"], min_tokens=2, max_tokens=12, presence_penalty=0.5,
+                              frequency_penalty=0.3, repetition_penalty=1.1, logprobs=2)
+    batch_id = client.enqueue_batch([request])
+    assert client.wait(batch_id, timeout_s=120).status == BatchStatus.COMPLETED
+
+    [want] = LLM(model=worker_env["WEIR_MODEL"], device="cpu").generate([request.engine_prompt()],
+                                                                       request.sampling_params())
+    [row] = client.results(batch_id)
+    assert row["completions"] == [
+        {"index": c.index, "text": c.text, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+         "num_tokens": len(c.token_ids), "cumulative_logprob": c.cumulative_logprob,
+         "logprobs": [[{"token_id": t, "logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+                       for t, lp in position.items()] for position in c.logprobs],
+         "parsed": None}
+        for c in want.outputs]
+    assert len(row["completions"]) == 2
+    assert (row["status"], row["output_text"], row["finish_reason"], row["parsed"]) == (
+        "succeeded", want.outputs[0].text, want.outputs[0].finish_reason, None)
+    assert row["num_completion_tokens"] == sum(len(c.token_ids) for c in want.outputs)
+    assert {k: row["sampling_params"][k] for k in ("n", "stop", "min_tokens", "logprobs", "presence_penalty")} == {
+        "n": 2, "stop": [" the", "\n\n"], "min_tokens": 2, "logprobs": 2, "presence_penalty": 0.5}
+
+
+def test_only_enrichment_jobs_write_product_enrichment_and_an_oversized_job_fails_at_once(
+        start_worker, client, worker_env):
+    start_worker()
+    # This producer believes the model takes 10**10 tokens, so the worker is the one to refuse.
+    client.prompt_checker = PromptChecker(load_tokenizer(worker_env["WEIR_MODEL"]), 10**10)
+    requests = [
+        ClassifyRequest(prompt="Great tea!", labels=["positive", "negative"], custom_id="sentiment",
+                        metadata={"product_id": "shared-1"}),
+        GenerateRequest(prompt="Tea", custom_id="summary", max_tokens=3, metadata={"product_id": "shared-1"}),
+        ClassifyRequest(prompt="Product: Tea", labels=["Tea", "Soap"], custom_id="category",
+                        enrichment={"catalog": "shop-a", "product_id": "shared-1"}),
+        ClassifyRequest(prompt="Product: Soap", labels=["Tea", "Soap"], custom_id="category-b",
+                        enrichment={"catalog": "shop-b", "product_id": "shared-1"}),
+        GenerateRequest(prompt="One two", custom_id="huge", max_tokens=10**9),
+    ]
+    started = time.monotonic()
+    batch_id = client.enqueue_batch(requests)
+    final = client.wait(batch_id, timeout_s=120)
+
+    assert time.monotonic() - started < 60  # WEIR_JOB_TIMEOUT_S is 600: nothing timed out
+    results = {r["custom_id"]: r for r in client.results(batch_id)}
+    assert (final.num_succeeded, final.num_failed) == (4, 1)
+    assert (results["huge"]["status"], results["huge"]["error"], results["huge"]["attempts"]) == (
+        "failed", "ValueError: max_tokens=1000000000 is more than max_model_len=512", 1)
+    with client.session_factory() as session:
+        rows = session.execute(
+            select(ProductEnrichment.catalog, ProductEnrichment.product_id, ProductEnrichment.category)
+            .where(ProductEnrichment.source_batch_id == batch_id).order_by(ProductEnrichment.catalog)).all()
+    assert [tuple(r) for r in rows] == [("shop-a", "shared-1", results["category"]["label"]),
+                                        ("shop-b", "shared-1", results["category-b"]["label"])]
