@@ -5,11 +5,14 @@ Usage::
     python -m bench.structured [--products 64] [--max-tokens 64] [--repeats 3] [--catalog CSV]
 
 W-extract: per catalog product, a chat prompt asking for its attributes as JSON (brand, quantity,
-unit, pack size), greedy, ``max_tokens`` 64. "unconstrained" runs the prompts as they are;
-"constrained" adds ``structured_outputs=StructuredOutputsParams(json=SCHEMA,
-disable_any_whitespace=True)``. The two alternate within each repeat on one engine; figures are
-medians: generated tokens/s (the throughput the target is stated in), requests/s, outputs that parse
-as JSON and validate against the schema, and the share that finished (``stop``). Grammar compile
+unit, pack size), greedy, ``max_tokens`` 64. "constrained" adds
+``structured_outputs=StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)``;
+"unconstrained" runs the same prompts for the same number of tokens each (``max_tokens`` = that
+request's constrained output length, ``ignore_eos``), so that both generate the same tokens at the
+same context lengths and the difference is the grammar's cost; "free" is the prompts as they are
+(the model writes prose to the cap). The systems alternate within each repeat on one engine;
+figures are medians: generated tokens/s (the throughput the target is stated in), requests/s,
+outputs that parse as JSON and validate against the schema, and the share that finished (``stop``). Grammar compile
 time is measured on a fresh ``StructuredOutputManager``: the first compile (with the tokenizer's
 vocabulary table, built once per engine) and a cached lookup.
 """
@@ -102,10 +105,13 @@ def main(argv=None) -> int:
                                  structured_outputs=StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True))
     llm.generate(prompts[:4], free)  # warm-up (and the engine's first grammar compile below)
     llm.generate(prompts[:4], constrained)
-    runs: dict[str, list[dict]] = {"unconstrained": [], "constrained": []}
+    lengths = [len(o.outputs[0].token_ids) for o in llm.generate(prompts, constrained)]
+    matched = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    runs: dict[str, list[dict]] = {"constrained": [], "unconstrained": [], "free": []}
     for _ in range(args.repeats):
-        runs["unconstrained"].append(run_once(llm, prompts, free))
         runs["constrained"].append(run_once(llm, prompts, constrained))
+        runs["unconstrained"].append(run_once(llm, prompts, matched))
+        runs["free"].append(run_once(llm, prompts, free))
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     print(f"W-extract: {args.products} products, greedy, max_tokens={args.max_tokens}, "
           f"{args.repeats} alternating repeats (medians), device={llm.llm_engine.device}")

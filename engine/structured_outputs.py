@@ -45,11 +45,59 @@ def _schema(spec: StructuredOutputsParams):
     return json.loads(spec.json) if isinstance(spec.json, str) else spec.json
 
 
+# JSON Schema keywords xgrammar enforces; ``format`` and the other annotations are accepted and not
+# enforced (an annotation by JSON Schema's default). Any other keyword (``not``, ``allOf``,
+# ``if``/``then``, ``patternProperties``, ``uniqueItems``, ...) would be ignored by the grammar, so
+# outputs could violate the schema: it is refused instead.
+SUPPORTED_KEYWORDS = frozenset({
+    "type", "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions",
+    "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern",
+    "title", "description", "default", "examples", "format", "$schema", "$id", "$comment",
+    "deprecated", "readOnly", "writeOnly",
+})
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties")
+
+
+def unsupported_schema_keyword(schema, path: str = "#") -> Optional[str]:
+    """The first keyword of ``schema`` (walked through its subschemas) that the grammar would not
+    enforce, as ``"'not' at #/properties/a"``, or None. A ``$ref`` must point inside the schema."""
+    if not isinstance(schema, dict):
+        return None
+    for key, value in schema.items():
+        if key not in SUPPORTED_KEYWORDS:
+            return f"{key!r} at {path}"
+        if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            return f"'$ref' to {value!r} at {path} (only '#...' references inside the schema)"
+    for key in _SUBSCHEMA_MAPS:
+        for name, sub in (schema.get(key) or {}).items() if isinstance(schema.get(key), dict) else ():
+            found = unsupported_schema_keyword(sub, f"{path}/{key}/{name}")
+            if found:
+                return found
+    for key in _SUBSCHEMA_LISTS:
+        for i, sub in enumerate(schema.get(key) or []) if isinstance(schema.get(key), list) else ():
+            found = unsupported_schema_keyword(sub, f"{path}/{key}/{i}")
+            if found:
+                return found
+    for key in _SUBSCHEMAS:
+        found = unsupported_schema_keyword(schema.get(key), f"{path}/{key}")
+        if found:
+            return found
+    return None
+
+
 def _grammar(spec: StructuredOutputsParams) -> "xgrammar.Grammar":
     """The tokenizer-free grammar of ``spec``; raises ValueError naming the field when the backend
     cannot read it."""
     xgr = _xgrammar()
     kind = spec.kind
+    if kind == "json":
+        found = unsupported_schema_keyword(_schema(spec))
+        if found:
+            raise ValueError(f"structured_outputs.json is not supported: {found} would not be enforced "
+                             "(weir.engine.structured_outputs.SUPPORTED_KEYWORDS lists what is)")
     try:
         if kind == "json":
             return xgr.Grammar.from_json_schema(json.dumps(_schema(spec)),
@@ -162,6 +210,7 @@ class StructuredOutputManager:
             started = time.perf_counter()
             compiled = compiler.compile_grammar(_grammar(spec))
             elapsed = time.perf_counter() - started
+            self._check_not_empty(spec, compiled)
             self._cache[key] = compiled
             if len(self._cache) > self.max_cached_grammars:
                 self._cache.popitem(last=False)
@@ -169,6 +218,15 @@ class StructuredOutputManager:
             self.compile_time_s += elapsed
             self.last_compile_time_s = elapsed
             return compiled
+
+    def _check_not_empty(self, spec: StructuredOutputsParams, compiled) -> None:
+        """Refuse a grammar whose start admits no token at all (``regex="[^\\s\\S]"``): every
+        output would be cut at its first token."""
+        xgr = _xgrammar()
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+        if not bool(bitmask.any()) or not bool((bitmask != 0).any()):
+            raise ValueError(f"structured_outputs.{spec.kind} admits no output (no token can start it)")
 
     def new_request(self, spec: StructuredOutputsParams) -> StructuredOutputRequest:
         """A fresh matcher at the grammar's start, for one sequence."""

@@ -286,3 +286,34 @@ def test_the_front_compiles_in_the_callers_thread_and_refuses_there(llm):
         assert out.finish_reason == "length" or re.fullmatch(spec.regex, out.text)
     finally:
         front.shutdown()
+
+
+@pytest.mark.parametrize("schema, found", [
+    ({"not": {}}, "'not' at #"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "'allOf' at #"),
+    ({"$ref": "http://example.com/s.json"}, "'$ref' to 'http://example.com/s.json' at #"),
+    ({"type": "object", "patternProperties": {"a": {}}}, "'patternProperties' at #"),
+    ({"$defs": {"x": {"type": "integer", "multipleOf": 3}}, "$ref": "#/$defs/x"}, "'multipleOf' at #/$defs/x"),
+    ({"type": "array", "items": {"type": "object", "properties": {"a": {"if": {}}}}}, "'if' at #/items/properties/a"),
+    ({"anyOf": [{"type": "string"}, {"type": "array", "uniqueItems": True}]}, "'uniqueItems' at #/anyOf/1"),
+])
+def test_a_keyword_the_grammar_would_ignore_is_refused_naming_where(schema, found):
+    """xgrammar ignores these (with a log line at most), so outputs could break the schema."""
+    with pytest.raises(ValueError, match=re.escape(f"structured_outputs.json is not supported: {found}")):
+        check(SamplingParams(structured_outputs={"json": schema}))
+
+
+def test_annotations_and_local_refs_pass():
+    check(SamplingParams(structured_outputs={"json": {
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "title": "t", "type": "object",
+        "$defs": {"n": {"type": "integer", "description": "d", "minimum": 0}},
+        "properties": {"email": {"type": "string", "format": "email"}, "n": {"$ref": "#/$defs/n"},
+                       "v": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}},
+        "required": ["email"], "additionalProperties": False}}))
+
+
+def test_a_grammar_that_admits_no_output_is_refused(llm):
+    params = SamplingParams(structured_outputs={"regex": r"[^\s\S]"})
+    with pytest.raises(ValueError, match=re.escape("structured_outputs.regex admits no output")):
+        llm.generate([[5, 6, 7]], params)
+    assert not llm.llm_engine.has_unfinished()
