@@ -220,7 +220,7 @@ class ResponseFormat(BaseModel):
 
 
 # The engine's messages start with the field they refuse ("max_tokens must be ...",
-# "structured_outputs.json is not supported: ..."); a response_format's are renamed to its own.
+# "structured_outputs.json is not supported: ..."); a response_format's name its own field instead.
 _RESPONSE_FORMAT_NAMES = {"structured_outputs.json": "response_format.json_schema.schema",
                           "structured_outputs.json_object": "response_format"}
 
@@ -239,7 +239,7 @@ class GenerateRequest(_JobRequest):
     ``response_format`` (OpenAI's shapes, see :class:`ResponseFormat`) is another way to ask for
     ``structured_outputs``; giving both is refused. A schema, regex or grammar the engine's
     backend cannot compile is refused here too, naming the field
-    (``response_format.json_schema.schema: ...``).
+    (``response_format.json_schema.schema is not supported: ...``).
     """
 
     kind: Literal["generate"] = "generate"
@@ -279,8 +279,8 @@ class GenerateRequest(_JobRequest):
             message = str(exc)
             if self.response_format is not None:
                 engine_name = message.split(" ", 1)[0]
-                if engine_name in _RESPONSE_FORMAT_NAMES:
-                    message = f"{_RESPONSE_FORMAT_NAMES[engine_name]}: {message}"
+                if engine_name in _RESPONSE_FORMAT_NAMES:  # named as the request gave it
+                    message = _RESPONSE_FORMAT_NAMES[engine_name] + message[len(engine_name):]
             name = message.split(" ", 1)[0].rstrip(":")
             raise _field_error(name, getattr(self, name.split(".")[0], None), message) from None
         for name in SAMPLING_FIELDS:

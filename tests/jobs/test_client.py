@@ -107,7 +107,7 @@ def test_an_unsupported_schema_is_refused_before_anything_is_stored(client, cele
         client.enqueue_batch([GenerateRequest(prompt="ok"), bad])
     [error] = info.value.errors()
     assert error["loc"] == ("response_format", "json_schema", "schema")
-    assert error["msg"].startswith("response_format.json_schema.schema: ")
+    assert error["msg"].startswith("response_format.json_schema.schema is not supported: ")
     assert info.value.__notes__ == ["request at batch index 1"]
     assert count_jobs(client) == before
     assert published(celery_app, queue) == []

@@ -140,7 +140,7 @@ def test_response_format_maps_to_structured_outputs():
     ({"response_format": {"type": "json_schema", "json_schema": {
         "name": "bad", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}},
      ("response_format", "json_schema", "schema"),
-     'response_format.json_schema.schema: structured_outputs.json is not supported: Unsupported type "nonsense"'),
+     'response_format.json_schema.schema is not supported: Unsupported type "nonsense"'),
     ({"structured_outputs": {"regex": "("}}, ("structured_outputs", "regex"),
      "structured_outputs.regex is not supported: Regex parsing error at position 2: The parenthesis is not closed."),
     ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, ("structured_outputs",),
