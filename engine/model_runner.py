@@ -172,9 +172,11 @@ class ModelRunner:
         if sample_rows:
             logits = self.model.compute_logits(hidden[to_device(sample_rows, device)])
             if self.structured_outputs is not None:
-                bitmask = self.structured_outputs.grammar_bitmask([r.structured_output for r in sample_reqs])
+                states = [r.structured_output for r in sample_reqs]
+                bitmask = self.structured_outputs.grammar_bitmask(states)
                 if bitmask is not None:  # reported log-probabilities are the masked ones, as in vLLM
-                    apply_grammar_bitmask(logits, bitmask)
+                    rows = [i for i, s in enumerate(states) if s is not None]
+                    apply_grammar_bitmask(logits, bitmask, None if len(rows) == len(states) else rows)
             rows = [SampleRow(r.sampling_params, r.generator, r.prompt_token_ids, r.output_token_ids,
                               r.eos_token_ids) for r in sample_reqs]
             tokens = sample_tokens(logits, rows)

@@ -225,7 +225,7 @@ class StructuredOutputManager:
         xgr = _xgrammar()
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
         xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
-        if not bool(bitmask.any()) or not bool((bitmask != 0).any()):
+        if not bool((bitmask != 0).any()):
             raise ValueError(f"structured_outputs.{spec.kind} admits no output (no token can start it)")
 
     def new_request(self, spec: StructuredOutputsParams) -> StructuredOutputRequest:
@@ -258,17 +258,16 @@ class StructuredOutputManager:
                 "grammar_compile_time_s": self.compile_time_s}
 
 
-def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[list[int]] = None) -> None:
     """Set to -inf, in place, the logits of tokens the bitmask disallows.
 
     Args:
         logits: ``[num_rows, vocab_size]`` fp32 on any device.
         bitmask: ``[num_rows, ceil(vocab_size / 32)]`` int32 on the host
             (:meth:`StructuredOutputManager.grammar_bitmask`); copied to the logits' device.
+        rows: the constrained rows (the others are left untouched); None: every row.
     """
     xgr = _xgrammar()
-    if logits.device.type == "cpu":
-        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1])
-    else:
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
-                                        vocab_size=logits.shape[-1])
+    if logits.device.type != "cpu":
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1], indices=rows)
