@@ -1,4 +1,5 @@
-"""Catalog enrichment: one classification and one description job per product, and their summary.
+"""Catalog enrichment: per product one classification job, one description job and, when the
+job spec names ``[extract.fields]``, one attribute extraction job; and their summary.
 
 What a catalog looks like, and how it is prompted and decoded, comes from a job spec
 (:mod:`weir.jobs.spec`: columns, shop words, taxonomy, prompts, sampling). The catalog is a CSV
@@ -6,7 +7,8 @@ file read with the csv module. Real dirt is kept as it is (mojibake, empty descr
 surrounding whitespace, which is stripped from every field (363 BigBasket brands end in spaces).
 
 Every request of a kind starts with the same fixed text (the description's system prompt, the
-classification header), so the engine's prefix cache serves it.
+classification header, the extraction's system prompt and worked example), so the engine's prefix
+cache serves it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from weir.jobs.exemplars import ExemplarIndex, Labelled
+from weir.jobs.extraction import extraction_messages
 from weir.jobs.quality import OK, description_quality
 from weir.jobs.schemas import ClassifyRequest, Enrichment, GenerateRequest, JobRequest
 from weir.jobs.spec import JobSpec, Taxonomy
@@ -224,22 +227,44 @@ def describe_request(product: Product, spec: JobSpec, catalog: str) -> GenerateR
     )
 
 
+def extract_request(product: Product, spec: JobSpec, catalog: str) -> GenerateRequest:
+    """The attribute extraction job of one product of ``catalog`` (its :func:`catalog_key`): chat
+    messages (:func:`weir.jobs.extraction.extraction_messages`) and the spec's ``[extract]``
+    sampling, the output constrained to ``spec.extract.schema`` (``structured_outputs.json``, no
+    whitespace between tokens: it costs tokens and says nothing), its parsed value filling the
+    row's ``attributes``."""
+    extract = spec.extract
+    return GenerateRequest(
+        custom_id=f"{product.product_id}/attributes",
+        prompt=extraction_messages(extract, spec.domain.shop, product.name, product.description),
+        metadata={"product_id": product.product_id},
+        enrichment=Enrichment(catalog=catalog, product_id=product.product_id, field="attributes"),
+        structured_outputs={"json": extract.schema, "disable_any_whitespace": True},
+        **extract.sampling,
+    )
+
+
 def product_requests(product: Product, catalog: Catalog,
                      index: Optional[ExemplarIndex] = None) -> list[JobRequest]:
-    """The two jobs of one product: classify it into the catalog's labels, describe it.
+    """The jobs of one product: classify it into the catalog's labels, describe it, and (when the
+    spec names ``[extract.fields]``) extract its attributes.
 
     With ``index`` (and the spec's ``method = "exemplars"``), the classification prompt shows the
     product's ``num_exemplars`` nearest labelled products (never itself nor a row with its title).
 
-    ``custom_id`` is ``<product_id>/category`` and ``<product_id>/description``; both carry
-    ``metadata["product_id"]`` and are marked as enrichment of (:func:`catalog_key`, product id), so
-    the worker fills that product's row of that catalog.
+    ``custom_id`` is ``<product_id>/category``, ``<product_id>/description`` and
+    ``<product_id>/attributes``; each carries ``metadata["product_id"]`` and is marked as enrichment
+    of (:func:`catalog_key`, product id), so the worker fills that product's row of that catalog.
     """
     spec = catalog.spec
     shots = None
     if index is not None and spec.classify.method == "exemplars":
         shots = index.nearest(product.product_id, product.name, product.brand, spec.classify.num_exemplars)
-    return [classify_request(product, catalog, shots), describe_request(product, spec, catalog_key(catalog))]
+    key = catalog_key(catalog)
+    requests: list[JobRequest] = [classify_request(product, catalog, shots), describe_request(product, spec, key)]
+    if spec.extract.enabled:
+        requests.append(extract_request(product, spec, key))
+    return requests
 
 
 def catalog_key(catalog: Catalog) -> str:
@@ -255,7 +280,7 @@ def exemplar_index(catalog: Catalog) -> Optional[ExemplarIndex]:
 
 
 def catalog_requests(catalog: Catalog) -> list[JobRequest]:
-    """Every product's two requests, product by product."""
+    """Every product's requests (:func:`product_requests`), product by product."""
     index = exemplar_index(catalog)
     return [r for product in catalog.products for r in product_requests(product, catalog, index)]
 
@@ -306,6 +331,9 @@ class EnrichmentSummary:
     majority_baseline: Optional[float]
     num_described: int = 0
     description_quality: dict[str, int] = dataclasses.field(default_factory=dict)
+    num_extracted: int = 0
+    num_attributes_valid: int = 0
+    num_attributes_cut: int = 0
 
     @property
     def clean_rate(self) -> Optional[float]:
@@ -328,7 +356,8 @@ class EnrichmentSummary:
                 f"(majority baseline {pct(self.majority_baseline)}: {self.majority_label})",
                 f"descriptions clean:  {pct(self.clean_rate)} of {self.num_described} "
                 f"({', '.join(f'{k} {v}' for k, v in sorted(self.description_quality.items())) or 'none'})",
-            ]
+            ] + ([f"attributes:          {self.num_attributes_valid} of {self.num_extracted} extracted valid "
+                  f"({self.num_attributes_cut} cut by max_tokens)"] if self.num_extracted else [])
         )
 
 
@@ -343,7 +372,9 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     Accuracy counts succeeded classification jobs of products that have a catalog category (at
     the spec's taxonomy level) whose label equals it; the majority baseline is the share of the
     most common category among those products. Description quality counts each succeeded
-    description's :func:`weir.jobs.quality.description_quality`.
+    description's :func:`weir.jobs.quality.description_quality`. Of the succeeded attribute
+    extractions, ``num_attributes_valid`` have a parsed value (finished, so valid against the
+    schema) and ``num_attributes_cut`` were cut by ``max_tokens``.
     """
     results = list(results)
     truth = {p.product_id: p.category for p in catalog.products}
@@ -354,7 +385,9 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         r for r in results if r["kind"] == "classify" and r["status"] == "succeeded"
         and truth.get(str(r["metadata"].get("product_id")))
     ]
-    described = [r for r in results if r["kind"] == "generate" and r["status"] == "succeeded"]
+    generated = [r for r in results if r["kind"] == "generate" and r["status"] == "succeeded"]
+    extracted = [r for r in generated if (r.get("enrichment") or {}).get("field") == "attributes"]
+    described = [r for r in generated if (r.get("enrichment") or {}).get("field") != "attributes"]
     categories = [truth.get(str(r["metadata"].get("product_id")), "") for r in classified]
     num_correct = sum(r["label"] == category for r, category in zip(classified, categories))
     majority = Counter(categories).most_common(1)
@@ -372,4 +405,7 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         majority_baseline=majority[0][1] / len(classified) if majority else None,
         num_described=len(described),
         description_quality=dict(Counter(description_quality(r["output_text"]) for r in described)),
+        num_extracted=len(extracted),
+        num_attributes_valid=sum(r["parsed"] is not None for r in extracted),
+        num_attributes_cut=sum(r["finish_reason"] == "length" for r in extracted),
     )

@@ -240,6 +240,10 @@ class ProductEnrichment(Base):
     quality: Mapped[Optional[str]] = mapped_column(String(32))
     """The description's check (:func:`weir.jobs.quality.description_quality`): ``ok``, or its
     flags; never publish a description whose quality is not ``ok`` unread."""
+    attributes: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    """The attribute extraction's answer (the job spec's ``[extract]`` schema: every field, null
+    where the listing does not say), valid against that schema; null when the extraction did not
+    finish (cut by ``max_tokens``: its job's ``finish_reason`` is ``length``)."""
     model: Mapped[str] = mapped_column(String(200))
     source_batch_id: Mapped[Optional[uuid.UUID]] = mapped_column(
         ForeignKey("batches.id", ondelete="SET NULL")

@@ -109,13 +109,17 @@ Prompt = Annotated[
 
 class Enrichment(BaseModel):
     """Marks a catalog enrichment job: its result fills the ``product_enrichment`` row of
-    (``catalog``, ``product_id``). A classification sets the row's category, a generation its
-    description. Jobs without it never write that table, whatever their metadata holds."""
+    (``catalog``, ``product_id``). ``field`` says which of the row's fields: ``category`` (a
+    classification's label and its probability), ``description`` (a generation's text and its
+    ``quality``) or ``attributes`` (a generation constrained to JSON: its parsed value). When not
+    given it is ``category`` for a classification and ``description`` for a generation. Jobs
+    without it never write that table, whatever their metadata holds."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     catalog: str = Field(min_length=1, max_length=MAX_CATALOG_CHARS)
     product_id: str = Field(min_length=1, max_length=MAX_PRODUCT_ID_CHARS)
+    field: Optional[Literal["category", "description", "attributes"]] = None
 
 
 class _JobRequest(BaseModel):
@@ -289,6 +293,13 @@ class GenerateRequest(_JobRequest):
         if self.structured_outputs is not None:
             self.structured_outputs = params.structured_outputs.to_dict()
             check_json(self.structured_outputs, "structured_outputs")
+        field = None if self.enrichment is None else self.enrichment.field
+        if field == "category":
+            raise _field_error("enrichment.field", field, "enrichment.field: a generation job fills "
+                               "description or attributes, not category")
+        if field == "attributes" and not self.wants_json:
+            raise _field_error("enrichment.field", field, "enrichment.field: attributes are filled only by a "
+                               "job constrained to JSON (response_format json_schema or json_object)")
         return self
 
     def sampling_params(self) -> SamplingParams:
@@ -364,6 +375,8 @@ class ClassifyRequest(_JobRequest):
                 raise ValueError(f"label_texts has {len(self.label_texts)} entries for {len(self.labels)} labels")
             if any(not t.strip() for t in self.label_texts):
                 raise ValueError("label_texts must not be blank")
+        if self.enrichment is not None and self.enrichment.field not in (None, "category"):
+            raise ValueError(f"enrichment.field: a classification job fills category, not {self.enrichment.field}")
         return self
 
     def engine_calibration_prompt(self) -> Union[str, list[dict[str, str]], None]:

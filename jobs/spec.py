@@ -34,7 +34,17 @@ Layout (every table and key optional)::
     temperature = 0.0; max_tokens = 96; stop = ["\\n", ". ", "! ", "? "]
     include_stop_str_in_output = true; repetition_penalty = 1.2
 
-    [extract]                 # attribute extraction: reserved (needs structured outputs)
+    [extract]                 # attribute extraction: a third job per product when fields are named
+    system_prompt = "..."     # {shop}
+    description_chars = 400   # the listing shows the name and this much of the description
+    example_name = "..."      # a worked example shown before every product (a cached prefix)
+    example_description = "..."
+    [extract.fields]          # field = its JSON Schema (inline table); each is made nullable and
+    brand = { type = "string", minLength = 1, maxLength = 40 }   # required, in this order
+    [extract.example]         # the example's values; a field not given is null in the example
+    brand = "Acme"
+    [extract.sampling]        # any SamplingParams field but structured_outputs (the job sets it)
+    temperature = 0.0; max_tokens = 128
 """
 
 from __future__ import annotations
@@ -66,6 +76,14 @@ DESCRIBE_SAMPLING = dict(temperature=0.0, max_tokens=96, stop=["\n", ". ", "! ",
 break, keep the full stop, and penalise repeats; a listing of the fields alone made the model echo
 them in loops."""
 CLASSIFY_HEADER = "Products of {shop} and their categories."
+
+EXTRACT_SYSTEM_PROMPT = (
+    "You read the product listings of {shop} and extract their attributes as JSON. Copy each value "
+    "from the listing as written; use null for an attribute the listing does not state."
+)
+EXTRACT_EXAMPLE_NAME = "Acme Steel Water Bottle, 750 ml (Pack of 2)"
+EXTRACT_EXAMPLE_DESCRIPTION = "Acme presents a leak-proof steel water bottle in blue. Keeps drinks cold for 12 hours."
+EXTRACT_SAMPLING = dict(temperature=0.0, max_tokens=128)
 
 
 class SpecError(ValueError):
@@ -111,6 +129,36 @@ class Describe:
 
 
 @dataclass(frozen=True)
+class Extract:
+    """Attribute extraction: with ``fields`` named, every product gets a third job whose output is
+    constrained to :attr:`schema` (structured outputs) and stored as ``product_enrichment.attributes``."""
+
+    system_prompt: str = EXTRACT_SYSTEM_PROMPT
+    description_chars: int = 400
+    example_name: str = EXTRACT_EXAMPLE_NAME
+    example_description: str = EXTRACT_EXAMPLE_DESCRIPTION
+    fields: dict[str, Any] = field(default_factory=dict)
+    example: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(EXTRACT_SAMPLING))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.fields)
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of one product's attributes: an object with every field required, in
+        the spec's order, each nullable (``anyOf`` with ``null``: the listing may not say), and no
+        other property."""
+        return {"type": "object", "additionalProperties": False, "required": list(self.fields),
+                "properties": {name: {"anyOf": [sub, {"type": "null"}]} for name, sub in self.fields.items()}}
+
+    def example_values(self) -> dict[str, Any]:
+        """The worked example's output: every field in order, null where ``example`` gives none."""
+        return {name: self.example.get(name) for name in self.fields}
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A whole spec; ``JobSpec()`` is the default one."""
 
@@ -119,7 +167,7 @@ class JobSpec:
     taxonomy: Taxonomy = Taxonomy()
     classify: Classify = Classify()
     describe: Describe = Describe()
-    extract: dict[str, Any] = field(default_factory=dict)
+    extract: Extract = Extract()
     path: Optional[str] = None
 
     def with_columns(self, **names: Optional[str]) -> "JobSpec":
@@ -129,26 +177,41 @@ class JobSpec:
 
 
 _TABLES = {"columns": Columns, "domain": Domain, "taxonomy": Taxonomy, "classify": Classify,
-           "describe": Describe}
+           "describe": Describe, "extract": Extract}
 _CHOICES = {("taxonomy", "source"): ("column", "file"), ("classify", "method"): ("exemplars", "zero_shot")}
 
 
-def _sampling(where: str, value: Any) -> dict[str, Any]:
+def _sampling(where: str, table: str, value: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` updated with the ``[table.sampling]`` keys, checked by building SamplingParams."""
     if not isinstance(value, dict):
-        raise SpecError(f"{where}: [describe.sampling] must be a table")
+        raise SpecError(f"{where}: [{table}.sampling] must be a table")
     from weir.engine.sampling_params import SamplingParams
 
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    known = {f.name for f in dataclasses.fields(SamplingParams)} - {"structured_outputs"}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise SpecError(f"{where}: [describe.sampling] has unknown key {unknown[0]!r} "
+        raise SpecError(f"{where}: [{table}.sampling] has unknown key {unknown[0]!r} "
                         f"(SamplingParams fields: {', '.join(sorted(known))})")
-    merged = {**Describe().sampling, **value}
+    merged = {**defaults, **value}
     try:
         SamplingParams(**merged)
     except (TypeError, ValueError) as exc:
-        raise SpecError(f"{where}: [describe.sampling] {exc}") from None
+        raise SpecError(f"{where}: [{table}.sampling] {exc}") from None
     return merged
+
+
+def _extract_fields(where: str, value: Any) -> dict[str, Any]:
+    """``[extract.fields]``: each a JSON Schema the structured-outputs backend enforces."""
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise SpecError(f"{where}: [extract.fields] must map each field name to its JSON Schema "
+                        "(an inline table such as {{ type = \"string\" }})")
+    from weir.engine.structured_outputs import unsupported_schema_keyword
+
+    for name, sub in value.items():
+        found = unsupported_schema_keyword(sub, f"#/{name}")
+        if found:
+            raise SpecError(f"{where}: [extract.fields] {name}: keyword {found} is not supported")
+    return dict(value)
 
 
 def _table(where: str, name: str, cls: type, value: Any) -> Any:
@@ -159,8 +222,16 @@ def _table(where: str, name: str, cls: type, value: Any) -> Any:
     for key, item in value.items():
         if key not in fields:
             raise SpecError(f"{where}: [{name}] has unknown key {key!r} (known: {', '.join(fields)})")
-        if name == "describe" and key == "sampling":
-            kwargs[key] = _sampling(where, item)
+        if key == "sampling":
+            kwargs[key] = _sampling(where, name, item, getattr(cls(), key))
+            continue
+        if name == "extract" and key == "fields":
+            kwargs[key] = _extract_fields(where, item)
+            continue
+        if name == "extract" and key == "example":
+            if not isinstance(item, dict):
+                raise SpecError(f"{where}: [extract.example] must be a table")
+            kwargs[key] = dict(item)
             continue
         default = getattr(cls(), key)
         if type(item) is not type(default):
@@ -180,11 +251,11 @@ def parse_spec(data: dict[str, Any], where: str = "spec") -> JobSpec:
             sampling field SamplingParams refuses, or an inconsistent taxonomy; the message starts
             with ``where`` and names the key.
     """
-    unknown = sorted(set(data) - set(_TABLES) - {"extract"})
+    unknown = sorted(set(data) - set(_TABLES))
     if unknown:
-        raise SpecError(f"{where}: unknown table [{unknown[0]}] (known: {', '.join([*_TABLES, 'extract'])})")
+        raise SpecError(f"{where}: unknown table [{unknown[0]}] (known: {', '.join(_TABLES)})")
     parts = {name: _table(where, name, cls, data[name]) for name, cls in _TABLES.items() if name in data}
-    spec = JobSpec(**parts, extract=dict(data.get("extract", {})))
+    spec = JobSpec(**parts)
     t = spec.taxonomy
     if t.level < 1:
         raise SpecError(f"{where}: [taxonomy] level must be >= 1, got {t.level}")
@@ -192,7 +263,28 @@ def parse_spec(data: dict[str, Any], where: str = "spec") -> JobSpec:
         raise SpecError(f"{where}: [taxonomy] file must name a taxonomy file when source = \"file\"")
     if spec.classify.num_exemplars < 1:
         raise SpecError(f"{where}: [classify] num_exemplars must be >= 1, got {spec.classify.num_exemplars}")
+    _check_extract(where, spec.extract)
     return spec
+
+
+def _check_extract(where: str, extract: Extract) -> None:
+    """The example names only schema fields, and the schema compiles (xgrammar, as the engine will)."""
+    if extract.example and not extract.fields:
+        raise SpecError(f"{where}: [extract.example] given without [extract.fields]")
+    stray = sorted(set(extract.example) - set(extract.fields))
+    if stray:
+        raise SpecError(f"{where}: [extract.example] {stray[0]!r} is not one of [extract.fields]")
+    if extract.description_chars < 0:
+        raise SpecError(f"{where}: [extract] description_chars must be >= 0, got {extract.description_chars}")
+    if not extract.enabled:
+        return
+    from weir.engine.sampling_params import StructuredOutputsParams
+    from weir.engine.structured_outputs import check
+
+    try:
+        check(StructuredOutputsParams(json=extract.schema))
+    except ValueError as exc:
+        raise SpecError(f"{where}: [extract.fields] {exc}") from None
 
 
 def load_spec(path: Optional[str] = None) -> JobSpec:

@@ -717,7 +717,9 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
 
     A classification job sets ``category`` and ``category_confidence`` (the label's probability);
     a generation job sets ``description`` and its ``quality``
-    (:func:`weir.jobs.quality.description_quality`). Fields the job does not produce are left as they are.
+    (:func:`weir.jobs.quality.description_quality`), or, marked ``field="attributes"``, sets
+    ``attributes`` to its parsed JSON (null when it did not finish). Fields the job does not produce
+    are left as they are.
     A row is written only when the job's batch was created no earlier than the batch that last
     wrote it (``source_batch_created_at``): an older batch's late result never overwrites a newer
     one. Call it in the transaction that stored the results, with only the jobs whose row took
@@ -745,6 +747,8 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
         if job.kind == JobKind.CLASSIFY:
             fields = {"category": result.label,
                       "category_confidence": (result.label_probs or {}).get(result.label)}
+        elif job.request["enrichment"].get("field") == "attributes":
+            fields = {"attributes": result.parsed}
         else:
             fields = {"description": result.output_text,
                       "quality": description_quality(result.output_text)}
@@ -767,7 +771,8 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     return written
 
 
-_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text", "quality": "text"}
+_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text", "quality": "text",
+                 "attributes": "json"}
 
 
 @functools.lru_cache(maxsize=None)

@@ -111,7 +111,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         client.prompt_checker  # load the tokenizer before the clock starts
         started = time.monotonic()
         batch_id = enqueue_catalog(client, catalog)
-        num_jobs = 2 * len(catalog.products)
+        num_jobs = client.batch_status(batch_id).num_jobs
         print(f"batch {batch_id}: {num_jobs} jobs on queue {client.queue}", file=sys.stderr)
         try:
             # redraw often on a terminal, rarely into a log file

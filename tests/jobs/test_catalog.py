@@ -170,10 +170,31 @@ def test_describe_system_prompt_has_at_least_60_tokens(tiny_model_dir):
     assert len(checker.encode(DESCRIBE_SYSTEM_PROMPT.format(shop="an online shop"))) >= 60
 
 
-def result(kind, status, product_id, label=None, prompt=0, cached=0, completion=0, text=None):
+def result(kind, status, product_id, label=None, prompt=0, cached=0, completion=0, text=None, field=None,
+           parsed=None, finish_reason=None):
     return {"kind": kind, "status": status, "label": label, "output_text": text, "num_prompt_tokens": prompt,
             "num_cached_tokens": cached, "num_completion_tokens": completion,
-            "metadata": {"product_id": product_id}}
+            "metadata": {"product_id": product_id}, "parsed": parsed, "finish_reason": finish_reason,
+            "enrichment": {"catalog": "c", "product_id": product_id, "field": field}}
+
+
+def test_a_spec_with_extract_fields_adds_an_attribute_job():
+    spec = load_spec("bigbasket")
+    product = Product("42", "Dove Soap 3 x 100 g", "Dove", "Beauty", "  Gentle   soap " + "x" * 500)
+    catalog = Catalog("c.csv", [product], ["Beauty"], spec=spec)
+    classify, describe, extract = product_requests(product, catalog)
+    assert extract.custom_id == "42/attributes"
+    assert extract.enrichment == Enrichment(catalog=os.path.abspath("c.csv"), product_id="42", field="attributes")
+    assert extract.structured_outputs == {"json": spec.extract.schema, "disable_any_whitespace": True}
+    assert extract.wants_json and (extract.temperature, extract.max_tokens) == (0.0, 128)
+    system, example, answer, listing = extract.prompt
+    assert [m.role for m in extract.prompt] == ["system", "user", "assistant", "user"]
+    assert system.content.endswith("Fields: brand, quantity, unit, pack_size.")
+    assert "an Indian online grocery and household store" in system.content
+    assert answer.content == '{"brand": "Acme", "quantity": 750, "unit": "ml", "pack_size": 2}'
+    assert listing.content == "Product: Dove Soap 3 x 100 g\nDescription: Gentle soap " + "x" * 388
+    # the default spec extracts nothing
+    assert len(product_requests(product, dataclasses.replace(catalog, spec=JobSpec()))) == 2
 
 
 def test_summary_values():
@@ -188,17 +209,22 @@ def test_summary_values():
         result("classify", "failed", "4", None, prompt=None, cached=None),
         result("generate", "succeeded", "1", prompt=50, cached=0, completion=10, text="A fine tea."),
         result("generate", "succeeded", "2", prompt=50, cached=40, completion=30, text="A fine tea from"),
+        result("generate", "succeeded", "1", field="attributes", parsed={"brand": "b"}, finish_reason="stop"),
+        result("generate", "succeeded", "2", field="attributes", text='{"bra', finish_reason="length"),
+        result("generate", "failed", "3", field="attributes"),
     ]
     summary = summarize(catalog, results, wall_s=2.0)
-    assert (summary.num_products, summary.num_succeeded, summary.num_failed) == (4, 5, 1)
+    assert (summary.num_products, summary.num_succeeded, summary.num_failed) == (4, 7, 2)
     assert (summary.num_generated_tokens, summary.generated_tokens_per_s) == (40, 20.0)
     assert summary.prefix_cache_hit_rate == pytest.approx(200 / 400)
     assert (summary.num_classified, summary.accuracy) == (3, pytest.approx(2 / 3))
     assert (summary.majority_label, summary.majority_baseline) == ("Tea", pytest.approx(2 / 3))
     text = summary.format()
-    assert "5 succeeded, 1 failed" in text and "66.7 %" in text and "20.0 tokens/s" in text
+    assert "7 succeeded, 2 failed" in text and "66.7 %" in text and "20.0 tokens/s" in text
     assert (summary.num_described, summary.description_quality, summary.clean_rate) == (2, {"ok": 1, "unfinished": 1}, 0.5)
     assert "descriptions clean:  50.0 % of 2 (ok 1, unfinished 1)" in text
+    assert (summary.num_extracted, summary.num_attributes_valid, summary.num_attributes_cut) == (2, 1, 1)
+    assert "attributes:          1 of 2 extracted valid (1 cut by max_tokens)" in text
 
 
 def test_summary_of_nothing():

@@ -6,8 +6,9 @@ import os
 import jsonschema
 import pytest
 
-from weir.jobs.extraction import (CATALOG_EXTRACTION, ExtractionProduct, extraction_messages, parse_specifications,
-                                  read_products, values_match)
+from weir.jobs.catalog import extract_request, read_catalog
+from weir.jobs.extraction import TRUTH_FIELDS, parse_specifications, read_truth, values_match
+from weir.jobs.spec import load_spec
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
 
@@ -30,16 +31,24 @@ def test_values_match(pred, truth, ok):
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(DATA, "flipkart_products.csv")), reason="no shared data")
 def test_flipkart_ground_truth_of_the_first_product():
-    spec = CATALOG_EXTRACTION["flipkart"]
-    first = read_products(os.path.join(DATA, spec.file), spec, 1)[0]
+    path = os.path.join(DATA, "flipkart_products.csv")
+    spec = load_spec("flipkart")
+    first = read_catalog(path, spec, limit=1).products[0]
     assert first.name == "Elegance Polyester Multicolor Abstract Eyelet Door Curtain"
-    assert first.truth == {"Brand": "Elegance", "Type": "Eyelet", "Color": "Multicolor", "Material": "Polyester",
-                           "Model Name": "Abstract Polyester Door Curtain Set Of 2"}
+    assert read_truth(path, spec.columns.id, TRUTH_FIELDS["flipkart"], [first.product_id]) == {first.product_id: {
+        "Brand": "Elegance", "Type": "Eyelet", "Color": "Multicolor", "Material": "Polyester",
+        "Model Name": "Abstract Polyester Door Curtain Set Of 2"}}
 
 
-def test_example_and_schema_agree():
-    """The worked example every prompt shows validates against each catalog's schema."""
-    for spec in CATALOG_EXTRACTION.values():
-        messages = extraction_messages(ExtractionProduct("1", "n", "d"), spec)
-        jsonschema.validate(json.loads(messages[2]["content"]), spec.schema)
-        assert list(json.loads(messages[2]["content"])) == list(spec.schema["properties"])
+@pytest.mark.parametrize("name", ["flipkart", "bigbasket"])
+def test_example_and_schema_agree(name):
+    """The worked example every prompt shows validates against the shipped spec's schema, with its
+    fields in the schema's order, and the scored fields are the schema's."""
+    spec = load_spec(name)
+    from weir.jobs.catalog import Product
+
+    request = extract_request(Product("1", "n", "b", "", "d"), spec, "c")
+    example = json.loads(request.prompt[2].content)
+    jsonschema.validate(example, spec.extract.schema)
+    assert list(example) == list(spec.extract.schema["properties"])
+    assert set(TRUTH_FIELDS[name]) <= set(spec.extract.fields)

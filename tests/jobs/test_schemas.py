@@ -225,6 +225,9 @@ def test_round_trip_through_stored_json():
     ({"enrichment": {"catalog": "c", "product_id": "p" * 65}}, ("enrichment", "product_id")),
     ({"enrichment": {"catalog": "c", "product_id": 7}}, ("enrichment", "product_id")),
     ({"metadata": {"when": {1, 2}}}, ("metadata",)),
+    ({"enrichment": {"catalog": "c", "product_id": "7", "field": "attributes"}}, ("enrichment", "field")),
+    ({"enrichment": {"catalog": "c", "product_id": "7", "field": "category"}}, ("enrichment", "field")),
+    ({"enrichment": {"catalog": "c", "product_id": "7", "field": "colour"}}, ("enrichment", "field")),
 ])
 def test_out_of_range_values_are_refused_naming_the_field(fields, loc):
     from pydantic import ValidationError
@@ -234,3 +237,18 @@ def test_out_of_range_values_are_refused_naming_the_field(fields, loc):
     with pytest.raises(ValidationError) as err:
         GenerateRequest(prompt="x", **fields)
     assert err.value.errors()[0]["loc"] == loc
+
+
+def test_an_enrichment_field_must_be_one_the_job_fills():
+    from pydantic import ValidationError
+
+    from weir.jobs.schemas import GenerateRequest
+
+    target = {"catalog": "c", "product_id": "7"}
+    with pytest.raises(ValidationError, match="a classification job fills category, not description"):
+        ClassifyRequest(prompt="x", labels=["a", "b"], enrichment={**target, "field": "description"})
+    with pytest.raises(ValidationError, match="attributes are filled only by a job constrained to JSON"):
+        GenerateRequest(prompt="x", enrichment={**target, "field": "attributes"}, structured_outputs={"regex": "a+"})
+    request = GenerateRequest(prompt="x", enrichment={**target, "field": "attributes"},
+                              response_format={"type": "json_object"})
+    assert parse_request(request.model_dump(mode="json", exclude_none=True)).enrichment.field == "attributes"

@@ -50,6 +50,16 @@ def test_relative_taxonomy_file_is_resolved_against_the_spec(tmp_path):
     ('[describe.sampling]\nmax_tokens = 0\n', "[describe.sampling] max_tokens must be an integer >= 1, got 0"),
     ('[describe]\nsampling = 3\n', "[describe.sampling] must be a table"),
     ("[columns\n", "not valid TOML"),
+    ('[extract.fields]\nbrand = "string"\n', "[extract.fields] must map each field name to its JSON Schema"),
+    ('[extract.fields]\nsize = { type = "integer", multipleOf = 2 }\n',
+     "[extract.fields] size: keyword 'multipleOf' at #/size is not supported"),
+    ('[extract.fields]\nsize = { type = "integr" }\n', "[extract.fields] structured_outputs.json"),
+    ('[extract.fields]\nbrand = { type = "string" }\n[extract.example]\ncolour = "red"\n',
+     "[extract.example] 'colour' is not one of [extract.fields]"),
+    ('[extract.example]\nbrand = "Acme"\n', "[extract.example] given without [extract.fields]"),
+    ('[extract.sampling]\nstructured_outputs = "x"\n', "[extract.sampling] has unknown key 'structured_outputs'"),
+    ('[extract.sampling]\nmax_tokens = 0\n', "[extract.sampling] max_tokens must be an integer >= 1, got 0"),
+    ('[extract]\ndescription_chars = -1\n', "[extract] description_chars must be >= 0, got -1"),
 ])
 def test_a_bad_spec_names_its_key(tmp_path, text, message):
     path = tmp_path / "bad.toml"
@@ -63,3 +73,22 @@ def test_a_bad_spec_names_its_key(tmp_path, text, message):
 def test_missing_spec_file(tmp_path):
     with pytest.raises(SpecError, match="cannot read the spec"):
         load_spec(str(tmp_path / "none.toml"))
+
+
+def test_extract_fields_become_a_nullable_required_schema_in_order(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[extract.fields]\nsize = { type = "integer", minimum = 1 }\nbrand = { type = "string" }\n'
+                    '[extract.example]\nbrand = "Acme"\n[extract.sampling]\nmax_tokens = 64\n')
+    extract = load_spec(str(path)).extract
+    assert extract.enabled and not JobSpec().extract.enabled
+    assert extract.schema == {"type": "object", "additionalProperties": False, "required": ["size", "brand"],
+                              "properties": {"size": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+                                             "brand": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
+    assert extract.example_values() == {"size": None, "brand": "Acme"}
+    assert extract.sampling == {"temperature": 0.0, "max_tokens": 64}
+
+
+def test_shipped_specs_extract_the_fields_their_truth_has():
+    assert list(load_spec("flipkart").extract.fields) == [
+        "brand", "type", "color", "material", "ideal_for", "model_name", "pack_of"]
+    assert list(load_spec("bigbasket").extract.fields) == ["brand", "quantity", "unit", "pack_size"]

@@ -1,6 +1,7 @@
 """Result writes: idempotent upserts keyed by job id, guarded against late failures, with batch
 counts that stay exact. Runs on a fresh Postgres database and on SQLite."""
 
+import json
 import threading
 import uuid
 
@@ -298,6 +299,36 @@ def test_enrichment_rows_merge_category_and_description(session_factory):
         rows = session.scalars(select(ProductEnrichment).where(ProductEnrichment.source_batch_id == batch.id)).all()
     assert [(r.catalog, r.product_id, r.category, r.category_confidence, r.description, r.quality, r.model)
             for r in rows] == [(CATALOG, "7", "Soap", 0.75, "A fine soap.", "ok", "tiny")]
+
+
+ATTRIBUTES_SCHEMA = {"type": "object", "properties": {"brand": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                                                     "pack_of": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}
+
+
+def test_an_attribute_extraction_fills_attributes_and_leaves_the_description(session_factory):
+    extract = dict(structured_outputs={"json": ATTRIBUTES_SCHEMA})
+    requests = [
+        GenerateRequest(prompt="p", custom_id="17/description", enrichment=enriching("17")),
+        GenerateRequest(prompt="p", custom_id="17/attributes", enrichment={**enriching("17"), "field": "attributes"},
+                        **extract),
+        GenerateRequest(prompt="p", custom_id="18/attributes", enrichment={**enriching("18"), "field": "attributes"},
+                        **extract),
+    ]
+    with session_factory.begin() as session:
+        batch, jobs = store.create_batch(session, requests, model="tiny")
+    run(session_factory, jobs[0].id, ok("A fine soap."))
+    value = {"brand": "Dove \u00e9", "pack_of": None}
+    run(session_factory, jobs[1].id, JobResult(status=JobStatus.SUCCEEDED, output_text=json.dumps(value),
+                                               finish_reason="stop", parsed=value))
+    # cut by max_tokens: nothing parsed, the row's attributes stay null
+    run(session_factory, jobs[2].id, JobResult(status=JobStatus.SUCCEEDED, output_text='{"brand": "Do',
+                                               finish_reason="length", parsed=None))
+    with session_factory() as session:
+        rows = session.scalars(select(ProductEnrichment).where(ProductEnrichment.source_batch_id == batch.id)
+                               .order_by(ProductEnrichment.product_id)).all()
+    assert [(r.product_id, r.description, r.quality, r.attributes, r.category) for r in rows] == [
+        ("17", "A fine soap.", "ok", {"brand": "Dove \u00e9", "pack_of": None}, None),
+        ("18", None, None, None, None)]
 
 
 def num_enrichment_rows(session_factory, batch_id):

@@ -1,6 +1,7 @@
 """The ``weir`` command line, run as a subprocess like a user would."""
 
 import csv
+import json
 import os
 import sqlite3
 import subprocess
@@ -135,8 +136,11 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
         rows.writerow(["1", "Green Tea", "Beverages", "Leafy ", "A tea.\nTwo lines."])
         rows.writerow(["2", "Soap Bar", "Beauty & Hygiene", "Clean", ""])
         rows.writerow(["3", "Rice", "Foodgrains, Oil & Masala", "Grain", "Long grain."])
+    # the default spec and an [extract] schema: a third job per product
+    spec = tmp_path / "shop.toml"
+    spec.write_text('[extract.fields]\nunit = { enum = ["g", "kg"] }\n[extract.sampling]\nmax_tokens = 24\n')
     done = weir(
-        "enrich", str(catalog), "--limit", "2",
+        "enrich", str(catalog), "--limit", "2", "--spec", str(spec),
         cwd=str(tmp_path),
         env_overrides={"WEIR_MODEL": tiny_model_dir, "WEIR_DEVICE": "cpu", "WEIR_MAX_NUM_SEQS": "4",
                        "WEIR_CPU_KV_CACHE_BYTES": str(8 << 20)},
@@ -144,17 +148,28 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no WEIR_BROKER_URL, running an in-process worker" in done.stderr
-    assert "jobs:                4 succeeded, 0 failed" in done.stdout
+    assert "jobs:                6 succeeded, 0 failed" in done.stdout
     assert "category accuracy:" in done.stdout and "over 2 products" in done.stdout
     with sqlite3.connect(tmp_path / "weir.db") as db:
         rows = db.execute(
             "SELECT product_id, category IS NOT NULL, description IS NOT NULL, quality IS NOT NULL "
             "FROM product_enrichment "
             "ORDER BY product_id").fetchall()
+        attributes = db.execute(
+            "SELECT e.attributes, j.finish_reason, j.parsed FROM product_enrichment e JOIN jobs j "
+            "ON j.custom_id = e.product_id || '/attributes' ORDER BY e.product_id").fetchall()
         batch = db.execute("SELECT status, num_jobs, num_succeeded FROM batches").fetchall()
     assert rows == [("1", 1, 1, 1), ("2", 1, 1, 1)]
     assert "descriptions clean:" in done.stdout
-    assert batch == [("completed", 4, 4)]
+    assert batch == [("completed", 6, 6)]
+    # a finished extraction is the schema's object, the same value as its job's parsed output
+    for stored, finish_reason, parsed in attributes:
+        if finish_reason == "stop":
+            assert json.loads(stored) == json.loads(parsed) and json.loads(stored)["unit"] in ("g", "kg", None)
+        else:
+            assert (finish_reason, stored) == ("length", None)
+    num_valid = sum(reason == "stop" for _, reason, _ in attributes)
+    assert f"attributes:          {num_valid} of 2 extracted valid ({2 - num_valid} cut by max_tokens)" in done.stdout
 
 
 def test_sweep_and_cancel_commands(redis_url, postgres_url):
