@@ -70,16 +70,16 @@ def listing_text(name: str, description: str, description_chars: int) -> str:
 
 def extraction_messages(extract: Extract, shop: str, name: str, description: str) -> list[dict[str, str]]:
     """Chat messages asking for one product's attributes: the system prompt (naming the fields in
-    order), then one worked example (its listing and its answer; the same for every product, so a
-    cached prefix), then the product's listing."""
-    fields = list(extract.fields)
-    example = json.dumps(extract.example_values(), separators=(", ", ": "), ensure_ascii=False)
-    system = f"{extract.system_prompt.format(shop=shop)} Fields: {', '.join(fields)}."
-    return [{"role": "system", "content": system},
-            {"role": "user", "content": listing_text(extract.example_name, extract.example_description,
-                                                     extract.description_chars)},
-            {"role": "assistant", "content": example},
-            {"role": "user", "content": listing_text(name, description, extract.description_chars)}]
+    order), then the worked examples (each a listing and its answer; the same for every product,
+    so a cached prefix), then the product's listing."""
+    system = f"{extract.system_prompt.format(shop=shop)} Fields: {', '.join(extract.fields)}."
+    messages = [{"role": "system", "content": system}]
+    for example_name, example_description, answer in extract.worked_examples():
+        messages.append({"role": "user", "content": listing_text(example_name, example_description,
+                                                                 extract.description_chars)})
+        messages.append({"role": "assistant", "content": json.dumps(answer, separators=(", ", ": "), ensure_ascii=False)})
+    messages.append({"role": "user", "content": listing_text(name, description, extract.description_chars)})
+    return messages
 
 
 def normalise(value: Any) -> str:

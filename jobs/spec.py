@@ -37,12 +37,12 @@ Layout (every table and key optional)::
     [extract]                 # attribute extraction: a third job per product when fields are named
     system_prompt = "..."     # {shop}
     description_chars = 400   # the listing shows the name and this much of the description
-    example_name = "..."      # a worked example shown before every product (a cached prefix)
-    example_description = "..."
     [extract.fields]          # field = its JSON Schema (inline table); each is made nullable and
     brand = { type = "string", minLength = 1, maxLength = 40 }   # required, in this order
-    [extract.example]         # the example's values; a field not given is null in the example
-    brand = "Acme"
+    [[extract.examples]]      # worked examples shown before every product (a cached prefix);
+    name = "..."              # default: two general ones (a bottle, a shirt), keeping the values
+    description = "..."       # of fields they know that the field's schema accepts
+    values = { brand = "Acme" }   # a field not given is null in the example
     [extract.sampling]        # any SamplingParams field but structured_outputs (the job sets it)
     temperature = 0.0; max_tokens = 128
 """
@@ -81,8 +81,17 @@ EXTRACT_SYSTEM_PROMPT = (
     "You read the product listings of {shop} and extract their attributes as JSON. Copy each value "
     "from the listing as written; use null for an attribute the listing does not state."
 )
-EXTRACT_EXAMPLE_NAME = "Acme Steel Water Bottle, 750 ml (Pack of 2)"
-EXTRACT_EXAMPLE_DESCRIPTION = "Acme presents a leak-proof steel water bottle in blue. Keeps drinks cold for 12 hours."
+EXTRACT_EXAMPLES = (
+    {"name": "Acme Steel Water Bottle, 750 ml (Pack of 2)",
+     "description": "Acme presents a leak-proof steel water bottle in blue. Keeps drinks cold for 12 hours.",
+     "values": {"brand": "Acme", "type": "Water Bottle", "color": "Blue", "colour": "Blue", "material": "Steel",
+                "quantity": 750, "unit": "ml", "pack_of": 2, "pack_size": 2}},
+    {"name": "Zorro Men's Solid Casual Cotton Shirt",
+     "description": "A regular fit shirt for men from Zorro, in cotton, with a spread collar.",
+     "values": {"brand": "Zorro", "type": "Shirt", "material": "Cotton", "ideal_for": "Men", "gender": "Men"}},
+)
+"""Two unlike products, so that a small model copies values from the listing rather than from the
+examples (BENCHMARKS.md, "Attribute extraction"); each fills only the fields a spec names."""
 EXTRACT_SAMPLING = dict(temperature=0.0, max_tokens=128)
 
 
@@ -135,10 +144,9 @@ class Extract:
 
     system_prompt: str = EXTRACT_SYSTEM_PROMPT
     description_chars: int = 400
-    example_name: str = EXTRACT_EXAMPLE_NAME
-    example_description: str = EXTRACT_EXAMPLE_DESCRIPTION
     fields: dict[str, Any] = field(default_factory=dict)
-    example: dict[str, Any] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    """``{"name", "description", "values"}`` each; empty: :data:`EXTRACT_EXAMPLES`."""
     sampling: dict[str, Any] = field(default_factory=lambda: dict(EXTRACT_SAMPLING))
 
     @property
@@ -153,9 +161,22 @@ class Extract:
         return {"type": "object", "additionalProperties": False, "required": list(self.fields),
                 "properties": {name: {"anyOf": [sub, {"type": "null"}]} for name, sub in self.fields.items()}}
 
-    def example_values(self) -> dict[str, Any]:
-        """The worked example's output: every field in order, null where ``example`` gives none."""
-        return {name: self.example.get(name) for name in self.fields}
+    def worked_examples(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(name, description, answer) of each worked example; the answer has every field in
+        order, null where the example gives no value. With no ``examples`` in the spec, those of
+        :data:`EXTRACT_EXAMPLES`, keeping each value only when its field's schema accepts it."""
+        import jsonschema
+
+        if self.examples:
+            return [(e["name"], e["description"], {k: e["values"].get(k) for k in self.fields})
+                    for e in self.examples]
+        out = []
+        for e in EXTRACT_EXAMPLES:
+            values = {k: e["values"].get(k) for k in self.fields}
+            out.append((e["name"], e["description"],
+                        {k: v if v is not None and jsonschema.Draft202012Validator(self.fields[k]).is_valid(v) else None
+                         for k, v in values.items()}))
+        return out
 
 
 @dataclass(frozen=True)
@@ -228,10 +249,8 @@ def _table(where: str, name: str, cls: type, value: Any) -> Any:
         if name == "extract" and key == "fields":
             kwargs[key] = _extract_fields(where, item)
             continue
-        if name == "extract" and key == "example":
-            if not isinstance(item, dict):
-                raise SpecError(f"{where}: [extract.example] must be a table")
-            kwargs[key] = dict(item)
+        if name == "extract" and key == "examples":
+            kwargs[key] = _extract_examples(where, item)
             continue
         default = getattr(cls(), key)
         if type(item) is not type(default):
@@ -267,15 +286,30 @@ def parse_spec(data: dict[str, Any], where: str = "spec") -> JobSpec:
     return spec
 
 
+def _extract_examples(where: str, value: Any) -> list[dict[str, Any]]:
+    """``[[extract.examples]]``: each a table of ``name``, ``description`` (strings) and ``values``."""
+    if not isinstance(value, list):
+        raise SpecError(f"{where}: [[extract.examples]] must be an array of tables")
+    out = []
+    for i, example in enumerate(value):
+        if not isinstance(example, dict) or set(example) - {"name", "description", "values"}:
+            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} must be a table of name, description, values")
+        if not isinstance(example.get("name"), str) or not isinstance(example.get("description", ""), str):
+            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} needs a name and a description (strings)")
+        if not isinstance(example.get("values", {}), dict):
+            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} values must be a table")
+        out.append({"name": example["name"], "description": example.get("description", ""),
+                    "values": dict(example.get("values", {}))})
+    return out
+
+
 def _check_extract(where: str, extract: Extract) -> None:
-    """The example names only schema fields, and the schema compiles (xgrammar, as the engine will)."""
-    if extract.example and not extract.fields:
-        raise SpecError(f"{where}: [extract.example] given without [extract.fields]")
-    stray = sorted(set(extract.example) - set(extract.fields))
-    if stray:
-        raise SpecError(f"{where}: [extract.example] {stray[0]!r} is not one of [extract.fields]")
+    """The schema compiles (xgrammar, as the engine will), and the examples name only its fields
+    with values it accepts."""
     if extract.description_chars < 0:
         raise SpecError(f"{where}: [extract] description_chars must be >= 0, got {extract.description_chars}")
+    if extract.examples and not extract.fields:
+        raise SpecError(f"{where}: [[extract.examples]] given without [extract.fields]")
     if not extract.enabled:
         return
     from weir.engine.sampling_params import StructuredOutputsParams
@@ -285,6 +319,18 @@ def _check_extract(where: str, extract: Extract) -> None:
         check(StructuredOutputsParams(json=extract.schema))
     except ValueError as exc:
         raise SpecError(f"{where}: [extract.fields] {exc}") from None
+    for i, example in enumerate(extract.examples):
+        stray = sorted(set(example["values"]) - set(extract.fields))
+        if stray:
+            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} value {stray[0]!r} is not one of [extract.fields]")
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(extract.schema)
+    for i, (_, _, answer) in enumerate(extract.worked_examples()):
+        error = jsonschema.exceptions.best_match(validator.iter_errors(answer))
+        if error is not None:
+            at = "/".join(map(str, error.absolute_path))
+            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} value {at}: {error.message}")
 
 
 def load_spec(path: Optional[str] = None) -> JobSpec:

@@ -187,8 +187,8 @@ def test_a_spec_with_extract_fields_adds_an_attribute_job():
     assert extract.enrichment == Enrichment(catalog=os.path.abspath("c.csv"), product_id="42", field="attributes")
     assert extract.structured_outputs == {"json": spec.extract.schema, "disable_any_whitespace": True}
     assert extract.wants_json and (extract.temperature, extract.max_tokens) == (0.0, 128)
-    system, example, answer, listing = extract.prompt
-    assert [m.role for m in extract.prompt] == ["system", "user", "assistant", "user"]
+    system, example, answer, _, _, listing = extract.prompt
+    assert [m.role for m in extract.prompt] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert system.content.endswith("Fields: brand, quantity, unit, pack_size.")
     assert "an Indian online grocery and household store" in system.content
     assert answer.content == '{"brand": "Acme", "quantity": 750, "unit": "ml", "pack_size": 2}'

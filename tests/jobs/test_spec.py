@@ -54,9 +54,13 @@ def test_relative_taxonomy_file_is_resolved_against_the_spec(tmp_path):
     ('[extract.fields]\nsize = { type = "integer", multipleOf = 2 }\n',
      "[extract.fields] size: keyword 'multipleOf' at #/size is not supported"),
     ('[extract.fields]\nsize = { type = "integr" }\n', "[extract.fields] structured_outputs.json"),
-    ('[extract.fields]\nbrand = { type = "string" }\n[extract.example]\ncolour = "red"\n',
-     "[extract.example] 'colour' is not one of [extract.fields]"),
-    ('[extract.example]\nbrand = "Acme"\n', "[extract.example] given without [extract.fields]"),
+    ('[extract.fields]\nbrand = { type = "string" }\n[[extract.examples]]\nname = "n"\nvalues = { colour = "red" }\n',
+     "[[extract.examples]] #1 value 'colour' is not one of [extract.fields]"),
+    ('[extract.fields]\nsize = { type = "integer" }\n[[extract.examples]]\nname = "n"\nvalues = { size = "L" }\n',
+     "[[extract.examples]] #1 value size: 'L' is not valid under any of the given schemas"),
+    ('[extract.fields]\nsize = { type = "integer" }\n[[extract.examples]]\ndescription = "d"\n',
+     "[[extract.examples]] #1 needs a name and a description"),
+    ('[[extract.examples]]\nname = "n"\n', "[[extract.examples]] given without [extract.fields]"),
     ('[extract.sampling]\nstructured_outputs = "x"\n', "[extract.sampling] has unknown key 'structured_outputs'"),
     ('[extract.sampling]\nmax_tokens = 0\n', "[extract.sampling] max_tokens must be an integer >= 1, got 0"),
     ('[extract]\ndescription_chars = -1\n', "[extract] description_chars must be >= 0, got -1"),
@@ -78,13 +82,14 @@ def test_missing_spec_file(tmp_path):
 def test_extract_fields_become_a_nullable_required_schema_in_order(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('[extract.fields]\nsize = { type = "integer", minimum = 1 }\nbrand = { type = "string" }\n'
-                    '[extract.example]\nbrand = "Acme"\n[extract.sampling]\nmax_tokens = 64\n')
+                    '[[extract.examples]]\nname = "Acme Tea"\ndescription = "d"\nvalues = { brand = "Acme" }\n'
+                    '[extract.sampling]\nmax_tokens = 64\n')
     extract = load_spec(str(path)).extract
     assert extract.enabled and not JobSpec().extract.enabled
     assert extract.schema == {"type": "object", "additionalProperties": False, "required": ["size", "brand"],
                               "properties": {"size": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
                                              "brand": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
-    assert extract.example_values() == {"size": None, "brand": "Acme"}
+    assert extract.worked_examples() == [("Acme Tea", "d", {"size": None, "brand": "Acme"})]
     assert extract.sampling == {"temperature": 0.0, "max_tokens": 64}
 
 
@@ -92,3 +97,10 @@ def test_shipped_specs_extract_the_fields_their_truth_has():
     assert list(load_spec("flipkart").extract.fields) == [
         "brand", "type", "color", "material", "ideal_for", "model_name", "pack_of"]
     assert list(load_spec("bigbasket").extract.fields) == ["brand", "quantity", "unit", "pack_size"]
+
+
+def test_default_examples_keep_only_values_the_fields_accept():
+    spec = parse_spec({"extract": {"fields": {"color": {"enum": ["Red", "Green"]}, "pack_of": {"type": "integer"},
+                                              "fit": {"type": "string"}}}})
+    assert [answer for _, _, answer in spec.extract.worked_examples()] == [
+        {"color": None, "pack_of": 2, "fit": None}, {"color": None, "pack_of": None, "fit": None}]
