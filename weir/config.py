@@ -95,6 +95,8 @@ class WorkerSettings(_WeirSettings):
     )
     catalog_path: Optional[str] = Field(None, description="catalog CSV the nightly enrichment reads")
     catalog_schedule: str = Field("0 2 * * *", description="cron line (UTC) of the nightly enrichment")
+    catalog_spec: Optional[str] = Field(
+        None, description="job spec of the nightly enrichment: a TOML file or a shipped name (bigbasket, flipkart)")
 
     @property
     def sweep_deadline_s(self) -> float:

@@ -38,7 +38,7 @@ def cron(line: str) -> crontab:
 
 def beat_schedule(settings: Settings) -> dict:
     """Celery's ``beat_schedule``: the sweeper, and the nightly enrichment when
-    ``WEIR_CATALOG_PATH`` is set.
+    ``WEIR_CATALOG_PATH`` is set (with the job spec ``WEIR_CATALOG_SPEC``, default the default spec).
 
     The sweeper (:data:`weir.jobs.names.SWEEP`) runs every ``WEIR_SWEEP_INTERVAL_S`` seconds and
     publishes again the jobs whose message may be lost. The nightly entry publishes
@@ -58,6 +58,7 @@ def beat_schedule(settings: Settings) -> dict:
             "task": names.ENRICH_CATALOG,
             "schedule": cron(settings.worker.catalog_schedule),
             "args": (settings.worker.catalog_path,),
+            "kwargs": {"spec": settings.worker.catalog_spec},
             "options": {"queue": queue, "expires": NIGHTLY_EXPIRES_S},
         }
     return schedule

@@ -74,9 +74,10 @@ def sweep() -> int:
 
 
 @app.task(name=names.ENRICH_CATALOG)
-def enrich_catalog(catalog_path: str, slot: str | None = None) -> None:
-    """Enqueue the enrichment batch of the catalog at ``catalog_path`` for one scheduled slot
-    (the nightly beat entry). One batch per catalog and slot, whatever beats or redeliveries
+def enrich_catalog(catalog_path: str, slot: str | None = None, spec: str | None = None) -> None:
+    """Enqueue the enrichment batch of the catalog at ``catalog_path``, read and prompted as the
+    job spec ``spec`` says (a TOML file or a shipped spec's name; None: the default spec), for one
+    scheduled slot (the nightly beat entry). One batch per catalog and slot, whatever beats or redeliveries
     happen: the batch's idempotency key is the catalog's absolute path and the slot, the latest
     ``WEIR_CATALOG_SCHEDULE`` time at or before the task's start (or ``slot``, an ISO time). The
     task runs on the control queue, so it starts within seconds of the beat, not behind a backlog.
@@ -84,17 +85,18 @@ def enrich_catalog(catalog_path: str, slot: str | None = None) -> None:
     from weir.jobs.catalog import enqueue_catalog, read_catalog
     from weir.jobs.client import Client
     from weir.jobs.db import utcnow
+    from weir.jobs.spec import load_spec
     from weir.worker.beat import nightly_key, schedule_slot
 
     settings = get_settings()
     if slot is None:
         slot = schedule_slot(settings.worker.catalog_schedule, utcnow()).isoformat()
     key = nightly_key(catalog_path, slot)
-    catalog = read_catalog(catalog_path)
+    catalog = read_catalog(catalog_path, load_spec(spec))
     client = Client(settings)
     try:
         batch_id = enqueue_catalog(client, catalog, idempotency_key=key)
     finally:
         client.close()
-    logger.info("catalog %s, slot %s: enrichment batch %s", catalog_path, slot, batch_id)
+    logger.info("catalog %s (spec %s), slot %s: enrichment batch %s", catalog_path, spec or "default", slot, batch_id)
 

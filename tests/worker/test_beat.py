@@ -23,6 +23,10 @@ def test_nightly_enrichment_entry():
     entry = beat_schedule(settings)[NIGHTLY_ENRICHMENT]
     assert entry["task"] == names.ENRICH_CATALOG
     assert entry["args"] == ("/data/catalog.csv",)
+    assert entry["kwargs"] == {"spec": None}
+    with_spec = Settings(engine=EngineSettings(model=""),
+                         worker=WorkerSettings(catalog_path="/data/catalog.csv", catalog_spec="flipkart"))
+    assert beat_schedule(with_spec)[NIGHTLY_ENRICHMENT]["kwargs"] == {"spec": "flipkart"}
     assert entry["options"] == {"queue": "weir.SmolLM2-135M-Instruct.control", "expires": 3600}
     assert entry["schedule"] == crontab(minute="30", hour="1")
 

@@ -92,8 +92,12 @@ def test_nightly_enrichment_task_enqueues_a_catalog_batch(start_worker, client, 
         "2,Soap Bar,Beauty & Hygiene,Clean,\r\n",
         encoding="utf-8",
     )
+    # the spec (WEIR_CATALOG_SPEC) reaches the task: its [extract] adds a third job per product
+    spec = tmp_path / "shop.toml"
+    spec.write_text('[extract.fields]\nunit = { enum = ["g", "kg"] }\n[extract.sampling]\nmax_tokens = 24\n')
     start_worker()
-    client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog)], queue=client.queue)
+    client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog)], kwargs={"spec": str(spec)},
+                                queue=client.queue)
 
     deadline = time.monotonic() + 60
     batch = None
@@ -102,9 +106,9 @@ def test_nightly_enrichment_task_enqueues_a_catalog_batch(start_worker, client, 
             batch = session.scalars(select(Batch).where(Batch.meta["catalog"].as_string() == str(catalog),
                                                         Batch.status != BatchStatus.VALIDATING)).first()
         time.sleep(0.2)
-    assert batch is not None and batch.num_jobs == 4
+    assert batch is not None and batch.num_jobs == 6
     final = client.wait(batch.id, timeout_s=120)
-    assert (final.status, final.num_succeeded) == (BatchStatus.COMPLETED, 4)
+    assert (final.status, final.num_succeeded) == (BatchStatus.COMPLETED, 6)
     with client.session_factory() as session:
         products = session.scalars(
             select(ProductEnrichment.product_id).where(ProductEnrichment.source_batch_id == batch.id)
