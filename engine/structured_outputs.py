@@ -88,6 +88,30 @@ def unsupported_schema_keyword(schema, path: str = "#") -> Optional[str]:
     return None
 
 
+def inner_anchor(regex: str) -> Optional[str]:
+    """A ``^`` or ``$`` anchor of ``regex`` that is not at its very start or end (outside
+    character classes and escapes), as ``"'^' at position 1"``, or None. The whole output is
+    matched against the pattern, so an inner anchor could only make it unmatchable; the backend
+    would drop it silently and accept outputs the pattern refuses (``a^b`` would admit ``ab``)."""
+    i, in_class, class_start = 0, False, -1
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]" or i == class_start  # a "]" first in the class is literal
+        elif c == "[":
+            in_class = True
+            class_start = i + 2 if regex[i + 1:i + 2] == "^" else i + 1
+            i = class_start
+            continue
+        elif (c == "^" and i != 0) or (c == "$" and i != len(regex) - 1):
+            return f"{c!r} at position {i}"
+        i += 1
+    return None
+
+
 def _grammar(spec: StructuredOutputsParams) -> "xgrammar.Grammar":
     """The tokenizer-free grammar of ``spec``; raises ValueError naming the field when the backend
     cannot read it."""
@@ -103,6 +127,10 @@ def _grammar(spec: StructuredOutputsParams) -> "xgrammar.Grammar":
             return xgr.Grammar.from_json_schema(json.dumps(_schema(spec)),
                                                 any_whitespace=not spec.disable_any_whitespace)
         if kind == "regex":
+            found = inner_anchor(spec.regex)
+            if found:
+                raise ValueError(f"structured_outputs.regex is not supported: anchor {found}; the whole "
+                                 "output is matched, so '^' and '$' are allowed only at the pattern's ends")
             return xgr.Grammar.from_regex(spec.regex)
         if kind == "choice":
             return xgr.Grammar.from_ebnf(choice_grammar(spec.choice))

@@ -303,6 +303,20 @@ def test_a_keyword_the_grammar_would_ignore_is_refused_naming_where(schema, foun
         check(SamplingParams(structured_outputs={"json": schema}))
 
 
+@pytest.mark.parametrize("regex, found", [
+    ("a^b", "'^' at position 1"), ("a$b", "'$' at position 1"), ("(^a|b)", "'^' at position 1"),
+    ("[^]a]^", "'^' at position 5"), (None, None),
+])
+def test_an_inner_anchor_the_grammar_would_drop_is_refused(regex, found):
+    """xgrammar drops an anchor inside the pattern (``a^b`` would admit ``ab``)."""
+    if regex is None:  # anchors at the ends, escaped or in a class pass
+        for ok in ("^ab$", "a\\^b\\$", "[^a]b", "[a^$]"):
+            check(SamplingParams(structured_outputs={"regex": ok}))
+        return
+    with pytest.raises(ValueError, match=re.escape(f"structured_outputs.regex is not supported: anchor {found}")):
+        check(SamplingParams(structured_outputs={"regex": regex}))
+
+
 def test_annotations_and_local_refs_pass():
     check(SamplingParams(structured_outputs={"json": {
         "$schema": "https://json-schema.org/draft/2020-12/schema", "title": "t", "type": "object",
