@@ -83,6 +83,7 @@ class Classification:
                  prompt_token_ids: list[int], length_normalize: bool = False):
         self.request_id = request_id
         self.labels = list(labels)
+        self.priority = 0  # the scheduling priority of every sequence it queues
         self.label_lengths = [len(t) for t in label_token_ids]
         self.root = build_label_trie(prompt_token_ids, label_token_ids)
         self.prompt_len = len(prompt_token_ids)

@@ -102,6 +102,9 @@ class EngineArgs:
             (``LLMEngine.stats()`` ``forward_gpu_time_s_*``).
         max_logprobs: most log-probabilities a request may ask for per position (``logprobs``,
             ``prompt_logprobs``); vLLM's default, 20.
+        scheduling_policy: ``"fcfs"`` (arrival order) or ``"priority"`` (each request's
+            ``priority``, lower first, then arrival; lower-priority running requests are preempted
+            first and to make room), vLLM's names (``weir.engine.scheduler``).
     """
 
     model: Any = None
@@ -125,6 +128,7 @@ class EngineArgs:
     cudagraph_capture_sizes: Optional[list[int]] = None
     max_cudagraph_capture_size: Optional[int] = None
     measure_step_gpu_time: bool = False
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         self.dtype = normalize_dtype(self.dtype)
@@ -154,6 +158,7 @@ class EngineArgs:
             "device": self.device in DEVICES,
             "max_logprobs": self.max_logprobs >= 0,
             "max_cudagraph_capture_size": self.max_cudagraph_capture_size is None or self.max_cudagraph_capture_size >= 1,
+            "scheduling_policy": self.scheduling_policy in ("fcfs", "priority"),
         }
         for name, ok in checks.items():
             if not ok:

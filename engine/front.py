@@ -93,43 +93,49 @@ class EngineFront:
         with self._tok_lock:
             return self.llm.encode_prompt(prompt)
 
-    def submit_generate(self, prompt: PromptType, params: SamplingParams) -> Future:
-        """Queue one generation; the future gives a ``RequestOutput``.
+    def submit_generate(self, prompt: PromptType, params: SamplingParams, priority: int = 0) -> Future:
+        """Queue one generation; the future gives a ``RequestOutput``. ``priority``: as
+        ``LLMEngine.add_request``'s.
 
         Raises:
-            ValueError: the prompt is empty or too long, or ``structured_outputs`` cannot be
-                compiled (raised here, nothing is queued).
+            ValueError: the prompt is empty or too long, ``structured_outputs`` cannot be
+                compiled, or the priority is refused (raised here, nothing is queued).
             RuntimeError: the front is shutting down.
         """
+        self._engine.check_priority(priority)
         with self._tok_lock:  # tokenizers are not guaranteed thread-safe
             ids = self.llm.encode_prompt(prompt)
         if params.structured_outputs is not None:
             # compiled here, in the caller's thread, so that the step loop finds it cached
             self._engine.structured_outputs.compile(params.structured_outputs)
         text = prompt_text(prompt)
-        return self._submit(lambda rid: self._engine.add_request(ids, params, rid, text), "gen")
+        return self._submit(lambda rid: self._engine.add_request(ids, params, rid, text, priority=priority), "gen")
 
     def submit_classify(self, prompt: PromptType, labels: list[str], label_texts: list[str] | None = None,
-                        calibration_prompt: PromptType | None = None) -> Future:
+                        calibration_prompt: PromptType | None = None, priority: int = 0) -> Future:
         """Queue choice scoring of ``labels`` (arguments as in ``LLM.classify``); the future gives
         a ``ClassificationOutput``. A calibration prior is computed once per (calibration prompt,
-        label set) and reused by every later request with the same pair.
+        label set) and reused by every later request with the same pair (computed at the priority
+        of the first request that needs it).
 
         Raises:
-            ValueError: empty labels, empty or too long prompt (raised here).
+            ValueError: empty labels, empty or too long prompt, a refused priority (raised here).
         """
+        self._engine.check_priority(priority)
         with self._tok_lock:
             ids = self.llm.encode_prompt(prompt)
             label_ids = self.llm.encode_labels(labels, label_texts)
             cal_ids = None if calibration_prompt is None else self.llm.encode_prompt(calibration_prompt)
-        fut = self._submit(lambda rid: self._engine.add_classification(ids, labels, label_ids, rid), "cls")
+        fut = self._submit(lambda rid: self._engine.add_classification(ids, labels, label_ids, rid, priority=priority),
+                           "cls")
         if cal_ids is None:
             return fut
         key = (tuple(cal_ids), tuple(labels), tuple(map(tuple, label_ids)))
         with self._cv:
             prior = self._priors.get(key)
         if prior is None or (prior.done() and prior.exception() is not None):
-            prior = self._submit(lambda rid: self._engine.add_classification(cal_ids, labels, label_ids, rid), "cal")
+            prior = self._submit(lambda rid: self._engine.add_classification(cal_ids, labels, label_ids, rid,
+                                                                             priority=priority), "cal")
             with self._cv:
                 self._priors[key] = prior
         out: Future = Future()

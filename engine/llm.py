@@ -125,7 +125,7 @@ class LLM:
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, priority: Optional[list[int]] = None) -> list[RequestOutput]:
         """Generate a continuation for each prompt, all batched together.
 
         Args:
@@ -133,6 +133,7 @@ class LLM:
                 prompt dicts).
             sampling_params: one for all prompts or one per prompt; default ``SamplingParams()``.
             use_tqdm: show a progress bar of finished prompts.
+            priority: one per prompt, with ``scheduling_policy="priority"`` (lower first), as vLLM's.
 
         Returns:
             One :class:`RequestOutput` per prompt, in input order.
@@ -146,11 +147,16 @@ class LLM:
         if is_single_prompt(prompts):
             prompts = [prompts]
         params = self._params_per_prompt(sampling_params, len(prompts))
+        if priority is None:
+            priority = [0] * len(prompts)
+        if len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
         encoded = [self.encode_prompt(p) for p in prompts]
-        for e, sp in zip(encoded, params):
+        for e, sp, pr in zip(encoded, params, priority):
             self.llm_engine.check_request(e, sp)
-        ids = [self.llm_engine.add_request(e, sp, prompt=prompt_text(p))
-               for e, sp, p in zip(encoded, params, prompts)]
+            self.llm_engine.check_priority(pr)
+        ids = [self.llm_engine.add_request(e, sp, prompt=prompt_text(p), priority=pr)
+               for e, sp, p, pr in zip(encoded, params, prompts, priority)]
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: Union[list[dict], list[list[dict]]],

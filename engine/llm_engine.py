@@ -120,7 +120,8 @@ class LLMEngine:
         self.block_pool = BlockPool(self.num_blocks, args.enable_prefix_caching)
         self.kv = KVCacheManager(self.block_pool, args.block_size, self.runner.copy_block,
                                  extra_key=self.model_name)
-        self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len)
+        self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
+                                   args.scheduling_policy)
         self.structured_outputs = StructuredOutputManager(self.tokenizer, self.config.vocab_size, self.eos_token_ids)
         self.runner.structured_outputs = self.structured_outputs
         self.default_generator = torch.Generator(device=self.device).manual_seed(args.seed)
@@ -204,7 +205,7 @@ class LLMEngine:
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
                     request_id: Optional[str] = None, prompt: Optional[str] = None,
-                    timeout_s: Optional[float] = None) -> str:
+                    timeout_s: Optional[float] = None, priority: int = 0) -> str:
         """Queue one generation request (``params.n`` samples).
 
         Args:
@@ -212,23 +213,37 @@ class LLMEngine:
                 once the request's output was returned or it was aborted.
             timeout_s: seconds from now after which the request is aborted (blocks freed,
                 output returned with ``finish_reason="abort"`` and ``stop_reason="timeout"``).
+            priority: with ``scheduling_policy="priority"``, lower runs first and may preempt
+                running requests of a higher value (vLLM's meaning); must be 0 under ``"fcfs"``.
 
         Raises:
             ValueError: empty prompt, prompt too long, token ids outside the vocabulary, stop
                 strings without a tokenizer, more logprobs than ``max_logprobs``, timeout_s not > 0,
                 a request id already in use, ``structured_outputs`` the backend cannot compile (or
-                without a tokenizer).
+                without a tokenizer), a priority other than 0 under ``"fcfs"``.
         """
         self.check_request(prompt_token_ids, params, request_id, timeout_s)
+        self.check_priority(priority)
         rid = request_id or self._fresh_id("gen")
         first = self._new_sequence(rid, prompt_token_ids, params, 0, prompt)
+        first.priority = priority
         if timeout_s is not None:
             first.deadline = time.time() + timeout_s
         parent = ParentRequest(rid, params.n, first)
+        parent.priority = priority
         self._requests[rid] = parent
         self._add_sequences(parent, [first])
         self.num_prompt_tokens += first.num_prompt_tokens
         return rid
+
+    def check_priority(self, priority: int) -> None:
+        """Raise ValueError for a priority that is not an integer, or not 0 under ``"fcfs"``
+        (vLLM refuses it the same way)."""
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        if priority != 0 and self.scheduler.policy != "priority":
+            raise ValueError(f"priority={priority} needs scheduling_policy='priority' (the engine's is "
+                             f"{self.scheduler.policy!r})")
 
     def _fresh_id(self, prefix: str) -> str:
         rid = f"{prefix}-{next(self._ids)}"
@@ -253,6 +268,7 @@ class LLMEngine:
         """Queue new sequences of ``owner`` (``front``: ahead of every waiting request, in order)."""
         for seq in seqs:
             self._owners[seq.request_id] = owner
+            seq.priority = owner.priority
             if seq.deadline is not None:
                 self._deadlines[seq.request_id] = seq
             if not seq.is_scoring:
@@ -279,7 +295,7 @@ class LLMEngine:
 
     def add_classification(self, prompt_token_ids: list[int], labels: list[str],
                            label_token_ids: list[list[int]], request_id: Optional[str] = None,
-                           length_normalize: bool = False) -> str:
+                           length_normalize: bool = False, priority: int = 0) -> str:
         """Queue choice scoring of ``labels`` as continuations of the prompt.
 
         Each label's score is the sum of its tokens' log-probabilities (nats), or their mean with
@@ -288,11 +304,14 @@ class LLMEngine:
 
         Raises:
             ValueError: empty prompt or label list, duplicate labels, a label with no tokens,
-                two labels with the same tokens, too long for the model, a request id already in use.
+                two labels with the same tokens, too long for the model, a request id already in use,
+                a priority other than 0 under ``"fcfs"``. ``priority``: as :meth:`add_request`'s.
         """
         self.check_classification(prompt_token_ids, labels, label_token_ids, request_id)
+        self.check_priority(priority)
         rid = request_id or self._fresh_id("cls")
         cls = Classification(rid, labels, label_token_ids, prompt_token_ids, length_normalize)
+        cls.priority = priority
         root = cls.root_request()
         self._requests[rid] = cls
         self._add_sequences(cls, [root])

@@ -28,6 +28,7 @@ class ParentRequest:
     def __init__(self, request_id: str, n: int, first: Request):
         self.request_id = request_id
         self.n = n
+        self.priority = 0  # the scheduling priority of every sequence it queues
         self.sequences: list[Request] = [first]
 
     @property

@@ -71,8 +71,10 @@ class Request:
         prompt: Optional[str] = None,
         sample_index: int = 0,
         scoring: Optional[ScoringTask] = None,
+        priority: int = 0,
     ):
         self.request_id = request_id
+        self.priority = priority  # scheduling_policy="priority": lower runs first (vLLM's meaning)
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)

@@ -7,6 +7,12 @@ up to ``max_num_seqs`` running. When the pool runs out of blocks the most recent
 request is preempted: its blocks are freed and it goes back to the head of the waiting queue, to be
 recomputed later (after vLLM's scheduler, recompute mode).
 
+With ``policy="priority"`` (vLLM's ``scheduling_policy``) the order is each request's
+``(priority, arrival_time)``, lower first, for the waiting queue, for serving the running ones and
+for choosing the victim of a preemption (the running request last in that order). A waiting request
+of strictly lower priority value than some running one also preempts the last running one when it
+cannot start otherwise (every sequence slot taken, or too few free blocks for its next chunk).
+
 ``update`` applies a step's ``ModelRunnerOutput`` and returns what changed (:class:`SchedulerUpdate`);
 it calls nothing outside the scheduler and the KV cache manager.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from typing import Literal
 from dataclasses import dataclass, field
 
 from weir.engine.kv_cache_manager import KVCacheManager
@@ -72,12 +79,20 @@ class SchedulerUpdate:
     finished: list[Request] = field(default_factory=list)
 
 
+def _key(req: Request) -> tuple[int, float]:
+    """The priority policy's order: lower priority value first, then earlier arrival."""
+    return req.priority, req.metrics["arrival_time"]
+
+
 class Scheduler:
     """Owns the ``waiting`` queue and the ``running`` list; changes blocks only through the
     :class:`KVCacheManager`."""
 
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, policy: Literal["fcfs", "priority"] = "fcfs"):
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy={policy!r} is not one of fcfs, priority")
+        self.policy = policy
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -87,7 +102,20 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add_request(self, req: Request, front: bool = False) -> None:
-        (self.waiting.appendleft if front else self.waiting.append)(req)
+        """Queue ``req``; ``front``: ahead of the waiting requests (under the priority policy, of
+        those of its priority and lower ones)."""
+        if self.policy == "fcfs":
+            (self.waiting.appendleft if front else self.waiting.append)(req)
+            return
+        key = req.priority if front else (req.priority, req.metrics["arrival_time"])
+        i = len(self.waiting)
+        # from the back: new requests usually arrive last in their priority
+        while i > 0 and (self.waiting[i - 1].priority if front else _key(self.waiting[i - 1])) > key:
+            i -= 1
+        if front:
+            while i > 0 and self.waiting[i - 1].priority == req.priority:
+                i -= 1
+        self.waiting.insert(i, req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -98,12 +126,31 @@ class Scheduler:
         victim.reset_progress()
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(victim)
+        self.add_request(victim, front=True)
+
+    def _preempt_for_waiting(self) -> bool:
+        """Priority policy: preempt the last running requests (in priority order) while the first
+        waiting one has a strictly lower priority value and no sequence slot or too few free blocks
+        for its next chunk. True when something was preempted."""
+        preempted = False
+        while self.waiting and self.running:
+            head, last = self.waiting[0], self.running[-1]
+            if last.priority <= head.priority:
+                break
+            need = self.kv.num_blocks_needed(min(head.num_tokens, head.num_computed_tokens + self.max_num_batched_tokens))
+            if len(self.running) < self.max_num_seqs and self.kv.pool.num_free_blocks >= need - len(head.block_table):
+                break
+            self._preempt(self.running.pop())
+            preempted = True
+        return preempted
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         preempted = False
+        if self.policy == "priority":
+            self.running.sort(key=_key)  # stable: equal keys keep their order
+            self._preempt_for_waiting()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]

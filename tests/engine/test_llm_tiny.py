@@ -218,3 +218,21 @@ def test_classification_errors(tiny_llama_dir):
     with pytest.raises(ValueError, match="every label needs at least one token"):
         eng.add_classification([1, 2], ["a", "b"], [[3], []])
     assert not eng.has_unfinished()
+
+
+def test_priority_scheduling_orders_requests_and_keeps_their_tokens(tiny_llama_dir, expected):
+    """scheduling_policy="priority": lower values start first (one sequence at a time here), a
+    tiny pool preempts the lower priorities, and every output equals transformers' greedy one."""
+    ps, want = expected
+    llm = make_llm(tiny_llama_dir, scheduling_policy="priority", max_num_seqs=1)
+    priority = [len(ps) - i for i in range(len(ps))]  # the last prompt first
+    outs = llm.generate(ps, GREEDY, priority=priority)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    started = sorted(range(len(ps)), key=lambda i: outs[i].metrics["first_scheduled_time"])
+    assert started == list(reversed(range(len(ps))))
+    small = make_llm(tiny_llama_dir, scheduling_policy="priority", num_gpu_blocks_override=8, max_model_len=128)
+    assert [o.outputs[0].token_ids for o in small.generate(ps, GREEDY, priority=priority)] == want
+    assert small.stats()["num_preemptions"] > 0
+    assert_all_blocks_free(small)
+    with pytest.raises(ValueError, match="priority=1 needs scheduling_policy='priority'"):
+        make_llm(tiny_llama_dir).generate(ps[:1], GREEDY, priority=[1])

@@ -107,3 +107,58 @@ def test_failed_step_forgets_only_the_hashes_registered_for_it():
     assert s.fail_step(sched) == [a, b]
     assert sorted(x.block_id for x in pool.cached.values()) == [0, 1]
     assert [x.block_hash is None for x in pool.blocks[2:6]] == [True] * 4
+
+
+def preq(rid, num_tokens, priority, arrival, max_tokens=16):
+    r = Request(rid, list(range(3, 3 + num_tokens)), SamplingParams(temperature=0, max_tokens=max_tokens),
+                arrival_time=arrival, priority=priority)
+    return r
+
+
+def make_priority(num_blocks=4, block_size=4, max_num_seqs=4, budget=64):
+    kv = KVCacheManager(BlockPool(num_blocks, False), block_size, lambda src, dst: None)
+    return Scheduler(kv, max_num_seqs, budget, max_model_len=64, policy="priority")
+
+
+def test_priority_policy_admits_lower_values_first_then_by_arrival():
+    s = make_priority(num_blocks=16, max_num_seqs=3)
+    for rid, priority, arrival in [("a", 5, 1.0), ("b", 0, 4.0), ("c", 5, 2.0), ("d", 1, 3.0), ("e", 0, 5.0)]:
+        s.add_request(preq(rid, 2, priority, arrival))
+    assert [r.request_id for r in s.waiting] == ["b", "e", "d", "a", "c"]
+    sched, _ = step(s)
+    assert plan(sched) == [("b", 2), ("e", 2), ("d", 2)]
+    assert [r.request_id for r in s.waiting] == ["a", "c"]
+
+
+def test_a_higher_priority_arrival_preempts_the_lowest_running_one():
+    s = make_priority(num_blocks=16, max_num_seqs=2)
+    bulk = [preq("bulk-1", 4, 10, 1.0), preq("bulk-2", 4, 10, 2.0)]
+    for r in bulk:
+        s.add_request(r)
+    step(s)
+    assert [r.request_id for r in s.running] == ["bulk-1", "bulk-2"]
+    s.add_request(preq("interactive", 4, 0, 3.0))
+    sched, _ = step(s)
+    # every slot was taken: the last bulk request (lowest priority, latest arrival) made room
+    assert plan(sched) == [("bulk-1", 1), ("interactive", 4)]
+    assert (bulk[1].status, bulk[1].num_computed_tokens, bulk[1].num_preemptions) == (RequestStatus.PREEMPTED, 0, 1)
+    assert [r.request_id for r in s.waiting] == ["bulk-2"] and s.num_preemptions == 1
+    # an equal priority never preempts
+    s.add_request(preq("bulk-3", 4, 10, 4.0))
+    sched, _ = step(s)
+    assert plan(sched) == [("interactive", 1), ("bulk-1", 1)]
+    assert [r.request_id for r in s.waiting] == ["bulk-2", "bulk-3"] and s.num_preemptions == 1
+
+
+def test_out_of_blocks_under_priority_preempts_the_lowest_priority_not_the_latest():
+    s = make_priority(num_blocks=3, max_num_seqs=4)
+    low, high = preq("low", 4, 9, 1.0), preq("high", 4, 0, 2.0)
+    s.add_request(low)
+    step(s)
+    s.add_request(high)
+    step(s)
+    assert (low.block_table, high.block_table) == ([0, 1], [2])
+    # high's decode needs a block: low (priority 9) goes, though high arrived later
+    sched, _ = step(s)
+    assert plan(sched) == [("high", 1)]
+    assert low.status == RequestStatus.PREEMPTED and [r.request_id for r in s.waiting] == ["low"]
