@@ -24,7 +24,7 @@ from typing import Any, Iterable, Optional
 from weir.jobs.exemplars import ExemplarIndex, Labelled
 from weir.jobs.extraction import extraction_messages
 from weir.jobs.quality import OK, description_quality
-from weir.jobs.schemas import ClassifyRequest, Enrichment, GenerateRequest, JobRequest
+from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, Enrichment, GenerateRequest, JobRequest
 from weir.jobs.spec import JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
@@ -285,12 +285,15 @@ def catalog_requests(catalog: Catalog) -> list[JobRequest]:
     return [r for product in catalog.products for r in product_requests(product, catalog, index)]
 
 
-def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None) -> Any:
+def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None,
+                    priority: int = BULK_PRIORITY) -> Any:
     """Enqueue one enrichment batch for ``catalog`` through a :class:`weir.jobs.client.Client`.
 
     Args:
         idempotency_key: when a batch with this key exists, nothing is enqueued and its id is
             returned (the nightly run's catalog and slot).
+        priority: the batch's priority (``Client.enqueue_batch``'s); bulk by default, so that
+            jobs enqueued one by one run first.
 
     Returns:
         The batch id.
@@ -307,6 +310,7 @@ def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[
             "labels": catalog.labels,
         },
         idempotency_key=idempotency_key,
+        priority=priority,
     )
 
 

@@ -33,7 +33,8 @@ from weir.jobs.db import Batch, BatchStatus, Job, engine_for, make_session_facto
 from weir.jobs.model_info import PromptChecker
 from weir.jobs.publisher import JobPublisher
 from weir.jobs.schemas import (
-    SAMPLING_FIELDS, ClassifyRequest, GenerateRequest, JobRequest, check_json, parse_request,
+    INTERACTIVE_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, SAMPLING_FIELDS, ClassifyRequest, GenerateRequest, JobRequest,
+    check_json, parse_request,
 )
 from weir.config import Settings, get_settings
 
@@ -197,6 +198,12 @@ def _parse(request: RequestLike, index: int) -> JobRequest:
         raise
 
 
+def broker_priority(priority: int) -> int:
+    """The message priority of a job of ``priority``: the same number clamped to kombu's 0 to 9
+    (on Redis 0 is polled first, as in the engine lower runs first)."""
+    return max(0, min(9, priority))
+
+
 def _check_broker(celery_app: Any) -> None:
     """Open and close one broker connection.
 
@@ -285,6 +292,7 @@ class Client:
         metadata: Optional[dict[str, Any]] = None,
         idempotency_key: Optional[str] = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        priority: Optional[int] = None,
     ) -> uuid.UUID:
         """Validate, store and publish a batch of requests, streaming: memory is bounded by
         ``chunk_size``, not by the batch's length (on 2 cores, 1,000,000 short jobs in about 3
@@ -313,6 +321,12 @@ class Client:
                 died), its id is returned and nothing is stored or published; of ``requests``
                 only the first is read.
             chunk_size: requests per transaction and messages per round trip (at least 1).
+            priority: every job's priority (vLLM's meaning: lower runs first), stored in its
+                request and given to the engine; None keeps each request's own (default
+                :data:`~weir.jobs.schemas.INTERACTIVE_PRIORITY`, 0). The batch's messages go to
+                the broker's priority level :func:`broker_priority` of it, so a worker takes a
+                level-0 message before any waiting bulk one
+                (:data:`~weir.jobs.schemas.BULK_PRIORITY`, the catalog job's).
 
         Returns:
             The batch's id.
@@ -331,6 +345,9 @@ class Client:
         """
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)
+                                     or not MIN_PRIORITY <= priority <= MAX_PRIORITY):
+            raise ValueError(f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
         check_json(dict(metadata or {}), "batch metadata")
         remaining = iter(requests)
         first = next(remaining, _NO_REQUEST)
@@ -346,7 +363,7 @@ class Client:
             return batch_id
         timings = EnqueueTimings(batch_id)
         try:
-            self._store_jobs(batch_id, itertools.chain([first], remaining), chunk_size, timings)
+            self._store_jobs(batch_id, itertools.chain([first], remaining), chunk_size, timings, priority)
             with self.session_factory.begin() as session:
                 store.queue_batch(session, batch_id, timings.num_jobs)
         except BaseException:
@@ -354,7 +371,8 @@ class Client:
             raise
         started = time.perf_counter()
         try:
-            self._publish_batch(celery_app, batch_id, timings.num_jobs, chunk_size)
+            self._publish_batch(celery_app, batch_id, timings.num_jobs, chunk_size,
+                                broker_priority(INTERACTIVE_PRIORITY if priority is None else priority))
         finally:
             timings.publish_s = time.perf_counter() - started
             logger.info(
@@ -387,13 +405,15 @@ class Client:
         return insert(), True  # its producer failed and deleted it since: the key is free again
 
     def _store_jobs(self, batch_id: uuid.UUID, requests: Iterator[RequestLike], chunk_size: int,
-                    timings: "EnqueueTimings") -> None:
+                    timings: "EnqueueTimings", priority: Optional[int] = None) -> None:
         """Validate and insert ``requests`` chunk by chunk, one transaction per chunk; counts them
-        in ``timings.num_jobs``."""
+        in ``timings.num_jobs``. ``priority``, when given, replaces each request's."""
         while chunk := list(itertools.islice(requests, chunk_size)):
             started = time.perf_counter()
             first_index = timings.num_jobs
             parsed = [_parse(r, first_index + i) for i, r in enumerate(chunk)]
+            if priority is not None:
+                parsed = [r.model_copy(update={"priority": priority}) for r in parsed]
             self.prompt_checker.check_batch(parsed, first_index)
             validated = time.perf_counter()
             with self.session_factory.begin() as session:
@@ -415,7 +435,8 @@ class Client:
         except Exception:  # never published, so never run; the original error matters more
             logger.exception("batch %s: cannot delete the batch left validating", batch_id)
 
-    def _publish_batch(self, celery_app: Any, batch_id: uuid.UUID, num_jobs: int, chunk_size: int) -> None:
+    def _publish_batch(self, celery_app: Any, batch_id: uuid.UUID, num_jobs: int, chunk_size: int,
+                       message_priority: int = 0) -> None:
         """Publish a stored batch's jobs chunk by chunk in batch-index order, each chunk stamped
         published just before it goes (a thread stamps the next chunk, in the database, while this
         one is published); on failure mark the rest unpublished and raise PublishError."""
@@ -427,7 +448,7 @@ class Client:
         num_published = 0
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="weir-stamp") as stamper, \
-                    JobPublisher(celery_app, self.queue, PUBLISH_RETRY_POLICY) as publisher:
+                    JobPublisher(celery_app, self.queue, PUBLISH_RETRY_POLICY, message_priority) as publisher:
                 next_ids = stamper.submit(stamp, 0)
                 while job_ids := next_ids.result():
                     if num_published + len(job_ids) < num_jobs:

@@ -44,10 +44,14 @@ class JobPublisher:
         celery_app: the app whose broker, serializer and task-message format are used.
         queue: the queue's name (declared, as ``send_task`` declares it, before the first message).
         retry_policy: as above; empty: no retry.
+        priority: the messages' priority (kombu's, 0 to 9; on Redis, lower levels are polled
+            first: 0, then 3, 6, 9, each level a list of its own).
     """
 
-    def __init__(self, celery_app: Any, queue: str, retry_policy: Optional[dict[str, float]] = None) -> None:
+    def __init__(self, celery_app: Any, queue: str, retry_policy: Optional[dict[str, float]] = None,
+                 priority: int = 0) -> None:
         self._app = celery_app
+        self._priority = priority
         self._queue = celery_app.amqp.queues[queue]
         self._retry_policy = dict(retry_policy or {})
         self._connection: Any = None
@@ -95,7 +99,7 @@ class JobPublisher:
                 )
                 producer.publish(
                     body, exchange="", routing_key=self._queue.name, serializer="json", headers=headers,
-                    delivery_mode=PERSISTENT_DELIVERY_MODE, **properties,
+                    delivery_mode=PERSISTENT_DELIVERY_MODE, **{**properties, "priority": self._priority},
                 )
 
     def _retriable_errors(self) -> tuple[type[BaseException], ...]:

@@ -107,6 +107,14 @@ Prompt = Annotated[
 ]
 
 
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+INTERACTIVE_PRIORITY = 0
+"""A job enqueued on its own or in a batch with no priority given."""
+BULK_PRIORITY = 9
+"""A catalog enrichment batch (``weir enrich``, the nightly run): runs after interactive jobs, on the
+broker (kombu's Redis priority level 9, polled after level 0) and in the engine."""
+
+
 class Enrichment(BaseModel):
     """Marks a catalog enrichment job: its result fills the ``product_enrichment`` row of
     (``catalog``, ``product_id``). ``field`` says which of the row's fields: ``category`` (a
@@ -131,6 +139,10 @@ class _JobRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free JSON kept with the job (see :func:`check_json` for what it may hold)."""
     enrichment: Optional[Enrichment] = None
+    priority: int = Field(0, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
+    """The engine's scheduling priority (vLLM's: lower runs first; with
+    ``WEIR_SCHEDULING_POLICY=priority``); set for a whole batch by ``Client.enqueue_batch(priority=)``,
+    whose messages also go to the broker's priority level for it."""
 
     @field_validator("prompt", "calibration_prompt", mode="before", check_fields=False)
     @classmethod

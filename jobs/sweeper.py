@@ -50,7 +50,8 @@ def oldest_waiting_job(connection: Any, queue: str) -> Optional[uuid.UUID]:
 
     Args:
         connection: a kombu connection to the broker.
-        queue: the queue's name (kombu's Redis list of that name; priority sub-lists ignored).
+        queue: the name of one Redis list (a queue's list for one priority level, see
+            :func:`priority_lists`).
     """
     client = connection.default_channel.client
     for raw in reversed(client.lrange(queue, -OLDEST_SCAN, -1)):  # oldest first
@@ -105,6 +106,14 @@ def queue_horizon(session: Any, connection: Any, queue: str, grace_s: float) -> 
     return (datetime.fromisoformat(published), None if batch_id is None else uuid.UUID(batch_id), index)
 
 
+def priority_lists(connection: Any, queue: str) -> list[str]:
+    """The Redis lists that hold ``queue``'s messages: one per kombu priority level (the queue's
+    own name for level 0, ``<queue><sep><level>`` for the others). Each is FIFO by itself, so the
+    horizon is found per list."""
+    channel = connection.default_channel
+    return [f"{queue}{channel.sep}{level}" if level else queue for level in channel.priority_steps]
+
+
 def queued_horizon(session: Any, connection: Any, queues: Sequence[str], grace_s: float) -> Optional[Horizon]:
     """The position before which a ``queued`` job has no message left in any of ``queues``:
     the earliest of their :func:`queue_horizon` (None when any is unknown)."""
@@ -121,7 +130,8 @@ def take_lost_jobs(session: Any, connection: Any, *, model: str, queue: str, gra
     Redis: then only never-published jobs and expired leases are taken."""
     horizon = None
     if connection is not None:
-        horizon = queued_horizon(session, connection, [queue, names.control_queue(queue)], grace_s)
+        horizon = queued_horizon(session, connection, [
+            level for q in (queue, names.control_queue(queue)) for level in priority_lists(connection, q)], grace_s)
     return store.take_jobs_to_publish(
         session, model=model, older_than=utcnow() - timedelta(seconds=grace_s), limit=limit,
         queued_before=None if horizon is None else horizon[0],

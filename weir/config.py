@@ -48,6 +48,8 @@ class EngineSettings(_WeirSettings):
     cudagraph_capture_sizes: Optional[list[int]] = Field(None, description="piecewise CUDA-graph token counts")
     max_cudagraph_capture_size: Optional[int] = Field(None, gt=0, description="largest piecewise bucket (512)")
     measure_step_gpu_time: bool = Field(False, description="time each step's forward with CUDA events")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs", description="fcfs (arrival order) or priority (each job's priority, lower first; vLLM's names)")
 
     @field_validator("dtype")
     @classmethod

@@ -17,7 +17,7 @@ from typing import Optional
 from weir.jobs import store
 from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
 from weir.jobs.model_info import too_long_for_output
-from weir.jobs.schemas import GenerateRequest, parse_request
+from weir.jobs.schemas import GenerateRequest, JobRequest, parse_request
 from weir.jobs.store import JobResult, parse_json_output
 from weir.config import Settings, get_settings
 
@@ -251,7 +251,7 @@ class WorkerRuntime:
             if job.kind == JobKind.CLASSIFY:
                 future = self.front.submit_classify(
                     request.engine_prompt(), request.labels, request.label_texts,
-                    request.engine_calibration_prompt(),
+                    request.engine_calibration_prompt(), priority=self._engine_priority(request),
                 )
             else:
                 future = self._submit_generate(request)
@@ -280,7 +280,11 @@ class WorkerRuntime:
             problem = too_long_for_output(len(prompt_token_ids), params.max_tokens, max_model_len)
             if problem is not None:
                 raise ValueError(problem)
-        return self.front.submit_generate(prompt_token_ids, params)
+        return self.front.submit_generate(prompt_token_ids, params, priority=self._engine_priority(request))
+
+    def _engine_priority(self, request: JobRequest) -> int:
+        """The job's priority under ``WEIR_SCHEDULING_POLICY=priority``; 0 (arrival order) under fcfs."""
+        return request.priority if self.settings.engine.scheduling_policy == "priority" else 0
 
     def _wait(self, job: Job, future: Future, timeout_s: float):
         """The future's result, or the request's own error as a value; raises as :meth:`run` says."""

@@ -202,3 +202,24 @@ def test_only_enrichment_jobs_write_product_enrichment_and_an_oversized_job_fail
             .where(ProductEnrichment.source_batch_id == batch_id).order_by(ProductEnrichment.catalog)).all()
     assert [tuple(r) for r in rows] == [("shop-a", "shared-1", results["category"]["label"]),
                                         ("shop-b", "shared-1", results["category-b"]["label"])]
+
+
+def test_an_interactive_job_runs_ahead_of_a_waiting_bulk_batch(start_worker, client):
+    """A bulk batch (the catalog job's priority 9) waits in Redis; a job enqueued after it at the
+    interactive priority 0 is taken first by a one-thread worker, and its priority reaches the
+    engine's scheduler."""
+    from weir.jobs.schemas import BULK_PRIORITY
+
+    bulk = client.enqueue_batch([GenerateRequest(prompt=f"bulk {i}", max_tokens=2) for i in range(6)],
+                                priority=BULK_PRIORITY)
+    interactive = client.enqueue_generate("interactive", max_tokens=2)
+    assert client.num_waiting_messages() == 7
+    start_worker(WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1", WEIR_SCHEDULING_POLICY="priority")
+    client.wait(bulk, timeout_s=120)
+    client.wait(interactive.batch_id, timeout_s=60)
+    with client.session_factory() as session:
+        jobs = session.scalars(select(Job).where(Job.batch_id.in_([bulk, interactive.batch_id]))
+                               .order_by(Job.claimed_at)).all()
+    assert [j.batch_id for j in jobs] == [interactive.batch_id] + [bulk] * 6
+    assert [j.request["priority"] for j in jobs] == [0] + [BULK_PRIORITY] * 6
+    assert [j.attempts for j in jobs] == [1] * 7
