@@ -115,6 +115,7 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
                         enrichment=enriching("p1", "attributes")),
         GenerateRequest(prompt="p", custom_id="p2/description", enrichment=enriching("p2")),
         GenerateRequest(prompt="p", custom_id="p3/description", enrichment=enriching("p3")),
+        ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p4/category", enrichment=enriching("p4")),
         ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p3/category", enrichment=enriching("p3")),
     ]
     # The transactions of Client.enqueue_batch, then of the workers.
@@ -127,16 +128,17 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
     with pg_sessions() as session:
         job_ids = [job.id for job in store.list_jobs(session, batch_id)]
     with pg_sessions.begin() as session:
-        claims = store.claim_jobs(session, job_ids[:5], worker="w1", lease_s=60)
-    jobs = [claims[job_id].job for job_id in job_ids[:5]]
+        claims = store.claim_jobs(session, job_ids[:6], worker="w1", lease_s=60)
+    jobs = [claims[job_id].job for job_id in job_ids[:6]]
     with pg_sessions.begin() as session:  # moves num_cancelled, not the status
-        store.cancel_job(session, job_ids[5])
+        store.cancel_job(session, job_ids[6])
     outcomes = [
         (jobs[0], ok(label="Tea", label_probs={"Tea": 0.75, "Soap": 0.25})),
         (jobs[1], ok(output_text="Fresh green tea.")),
         (jobs[2], ok(output_text='{"colour": "green"}', parsed={"colour": "green"})),
         (jobs[3], ok(output_text="Mild soap with")),
         (jobs[4], JobResult.failure("boom")),
+        (jobs[5], ok(label="Soap", label_probs={"Tea": 0.5, "Soap": 0.5})),
     ]
     with pg_sessions.begin() as session:
         written = store.record_results(session, outcomes)
@@ -144,8 +146,8 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
 
     received = changes(listener, conninfo)
     assert statuses(received[str(batch_id)]) == [
-        ("validating", 0, 0, 0, 0), ("queued", 6, 0, 0, 0), ("in_progress", 6, 0, 0, 0),
-        ("completed", 6, 4, 1, 1)]
+        ("validating", 0, 0, 0, 0), ("queued", 7, 0, 0, 0), ("in_progress", 7, 0, 0, 0),
+        ("completed", 7, 5, 1, 1)]
     assert list(received[str(batch_id)][-1]) == [
         "batch_id", "status", "num_jobs", "num_succeeded", "num_failed", "num_cancelled"]
 
@@ -153,7 +155,7 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
         batch = store.get_batch(session, batch_id)
         failed = store.list_jobs(session, batch_id)[4]
     summary = reader.execute("SELECT * FROM batch_summary WHERE batch_id = %s", (batch_id,)).fetchall()
-    assert summary == [(batch_id, "completed", "tiny", "catalog_enrichment", CATALOG, 6, 4, 1, 1,
+    assert summary == [(batch_id, "completed", "tiny", "catalog_enrichment", CATALOG, 7, 5, 1, 1,
                         batch.created_at, batch.started_at, batch.finished_at)]
     assert batch.started_at is not None and batch.finished_at is not None
     assert reader.execute("SELECT * FROM failed_jobs WHERE batch_id = %s ORDER BY batch_index",
@@ -167,6 +169,7 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
          batch.created_at, updated_at),
         (CATALOG, "p2", None, None, "Mild soap with", "unfinished", False, None, "tiny", batch_id,
          batch.created_at, updated_at),
+        (CATALOG, "p4", "Soap", 0.5, None, None, False, None, "tiny", batch_id, batch.created_at, updated_at),
     ]
     assert reader.execute("SELECT product_id FROM latest_enrichment WHERE source_batch_id = %s AND publishable",
                           (batch_id,)).fetchall() == [("p1",)]
