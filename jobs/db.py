@@ -6,6 +6,10 @@ Tables:
     ``product_enrichment``  one row per (catalog, product id): predicted category and written description.
     ``dead_letters``        one row per queue message the worker could not read, with the reason.
 
+Views for services downstream (``latest_enrichment``, ``batch_summary``, ``failed_jobs``), the
+``weir_batch`` notification channel and the ``weir_reader`` role are made by migration
+``20261202_0007``; ``docs/downstream.md`` is their contract.
+
 The schema itself is created by the Alembic migrations in ``migrations/``; the models here must
 match them (``tests/jobs/test_migrations.py`` compares the two).
 """
@@ -137,6 +141,10 @@ class Batch(Base):
     """
 
     __tablename__ = "batches"
+    __table_args__ = (
+        # Recent batches first (``batch_summary``, docs/downstream.md).
+        Index("ix_batches_created_at", "created_at"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     status: Mapped[BatchStatus] = mapped_column(
@@ -231,6 +239,12 @@ class ProductEnrichment(Base):
     a late result of an older batch never overwrites a newer one."""
 
     __tablename__ = "product_enrichment"
+    __table_args__ = (
+        # Downstream reads (``latest_enrichment``, docs/downstream.md): rows changed since a
+        # time, and the rows a batch wrote.
+        Index("ix_product_enrichment_updated_at", "updated_at"),
+        Index("ix_product_enrichment_source_batch_id", "source_batch_id"),
+    )
 
     catalog: Mapped[str] = mapped_column(String(300), primary_key=True)
     product_id: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -195,19 +195,28 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    """Print a batch's results, one JSON object per job in submission order (JSON Lines; the keys
-    of :meth:`weir.jobs.client.Client.results`)."""
-    import json
-
+    """Write a batch's results in submission order, streamed: JSON Lines (every key of
+    :meth:`weir.jobs.client.Client.results`) or CSV (:data:`weir.jobs.export.CSV_COLUMNS`), to
+    stdout or to ``--output`` (which appears only once complete)."""
+    from weir.jobs import export
     from weir.jobs.client import Client
 
+    write = export.WRITERS[args.format]
     client = Client(get_settings())
     try:
         client.batch_status(args.batch_id)
-        for row in client.results(args.batch_id):
-            print(json.dumps(row, ensure_ascii=False))
+        if args.output is None:
+            write(client.results(args.batch_id), sys.stdout)
+        else:
+            with export.atomic_output(args.output) as out:
+                write(client.results(args.batch_id), out)
     except (LookupError, ValueError) as exc:
         print(f"weir results: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        if args.output is None:
+            raise
+        print(f"weir results: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         client.close()
@@ -303,8 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--job", action="store_true", help="the id is a job's")
     cancel.set_defaults(func=cmd_cancel)
 
-    results = commands.add_parser("results", help="print a batch's results as JSON Lines, one job per line")
+    results = commands.add_parser("results", help="write a batch's results, one job per line (JSON Lines or CSV)")
     results.add_argument("batch_id")
+    results.add_argument("--format", choices=["jsonl", "csv"], default="jsonl",
+                         help="jsonl: every field (default); csv: the columns of docs/downstream.md")
+    results.add_argument("--output", metavar="FILE", default=None,
+                         help="write to FILE (replaced only once complete) instead of stdout")
     results.set_defaults(func=cmd_results)
 
     db = commands.add_parser("db", help="migrate the results database (WEIR_DATABASE_URL)")

@@ -10,6 +10,7 @@ from weir.jobs.db import Base, make_engine
 from tests import support
 
 TABLES = {"alembic_version", "batches", "dead_letters", "jobs", "product_enrichment"}
+VIEWS = {"batch_summary", "failed_jobs", "latest_enrichment"}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -30,16 +31,26 @@ def table_names(url):
         engine.dispose()
 
 
+def view_names(url):
+    engine = make_engine(url)
+    try:
+        return set(inspect(engine).get_view_names())
+    finally:
+        engine.dispose()
+
+
 def test_upgrade_downgrade_round_trip(empty_url):
     assert migrations.current_revision(empty_url) is None
     migrations.upgrade(empty_url)
     assert migrations.current_revision(empty_url) == migrations.head_revision()
-    assert table_names(empty_url) == TABLES
+    assert (table_names(empty_url), view_names(empty_url)) == (TABLES, VIEWS)
+    migrations.downgrade(empty_url, "20261202_0006")
+    assert (table_names(empty_url), view_names(empty_url)) == (TABLES, set())
     migrations.downgrade(empty_url, "base")
     assert migrations.current_revision(empty_url) is None
     assert table_names(empty_url) == {"alembic_version"}
     migrations.upgrade(empty_url)
-    assert table_names(empty_url) == TABLES
+    assert (table_names(empty_url), view_names(empty_url)) == (TABLES, VIEWS)
 
 
 def test_models_match_migrations(empty_url):
@@ -96,3 +107,30 @@ def test_enrichment_rows_take_their_batch_catalog_and_downgrade_keeps_the_newest
                 ("1", "Soap"), ("2", "Tea")]
     finally:
         engine.dispose()
+
+
+def test_the_reader_role_is_shared_by_the_databases_of_one_server():
+    """Upgrade, downgrade, upgrade one database while another on the same server keeps its
+    grants: the role is created only when missing and a downgrade never drops it."""
+    from sqlalchemy import text
+
+    def reader_state(url):
+        engine = make_engine(url)
+        try:
+            with engine.connect() as connection:
+                return connection.execute(text(
+                    "SELECT (SELECT count(*) FROM pg_roles WHERE rolname = 'weir_reader'), "
+                    "has_table_privilege('weir_reader', 'batches', 'SELECT'), "
+                    "has_table_privilege('weir_reader', 'batches', 'INSERT'), "
+                    "(SELECT count(*) FROM pg_trigger WHERE tgrelid = 'batches'::regclass AND NOT tgisinternal), "
+                    "has_schema_privilege('weir_reader', current_schema(), 'USAGE')")).one()
+        finally:
+            engine.dispose()
+
+    with support.fresh_postgres_database() as first, support.fresh_postgres_database() as second:
+        assert reader_state(first) == reader_state(second) == (1, True, False, 2, True)
+        migrations.downgrade(first, "20261202_0006")
+        assert reader_state(first)[:4] == (1, False, False, 0)
+        assert reader_state(second) == (1, True, False, 2, True)
+        migrations.upgrade(first)
+        assert reader_state(first) == reader_state(second) == (1, True, False, 2, True)

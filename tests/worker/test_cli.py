@@ -109,6 +109,48 @@ def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
         2, "weir results: no batch with id 00000000-0000-0000-0000-000000000000\n")
 
 
+def test_results_as_csv_into_a_file_that_appears_only_once_complete(tmp_path):
+    from weir.jobs import store
+    from weir.jobs.db import JobStatus, make_engine, make_session_factory
+    from weir.jobs.schemas import ClassifyRequest, GenerateRequest
+    from weir.jobs.store import JobResult
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    session_factory = make_session_factory(engine)
+    requests = [GenerateRequest(prompt="p", custom_id="one", metadata={"sku": "é1"}),
+                ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="two")]
+    with session_factory.begin() as session:
+        batch, jobs = store.create_batch(session, requests, model="tiny")
+    with session_factory.begin() as session:
+        jobs = [store.claim_job(session, job.id) for job in jobs]
+    with session_factory.begin() as session:
+        store.record_results(session, [
+            (jobs[0], JobResult(status=JobStatus.SUCCEEDED, output_text='Tea, "green"\nfresh.', finish_reason="stop",
+                                num_prompt_tokens=3, num_completion_tokens=5, num_cached_tokens=0)),
+            (jobs[1], JobResult.failure("boom")),
+        ])
+    engine.dispose()
+    env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    out = tmp_path / "results.csv"
+    done = weir("results", str(batch.id), "--format", "csv", "--output", str(out), env_overrides=env)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert out.read_bytes().decode("utf-8") == (
+        "job_id,custom_id,kind,status,attempts,output_text,finish_reason,label,label_probs,parsed,"
+        "num_prompt_tokens,num_completion_tokens,num_cached_tokens,error,metadata\r\n"
+        f'{jobs[0].id},one,generate,succeeded,1,"Tea, ""green""\nfresh.",stop,,,,3,5,0,,"{{""sku"":""é1""}}"\r\n'
+        f"{jobs[1].id},two,classify,failed,1,,,,,,,,,boom,{{}}\r\n")
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+    probe = tmp_path / "probe"
+    probe.write_text("")  # the file has the mode any new file gets, not a temporary file's 0600
+    assert out.stat().st_mode == probe.stat().st_mode
+    nowhere = tmp_path / "missing" / "results.csv"
+    refused = weir("results", str(batch.id), "--format", "csv", "--output", str(nowhere), env_overrides=env)
+    assert (refused.returncode, refused.stdout, refused.stderr) == (
+        2, "", f"weir results: cannot write {nowhere}: No such file or directory\n")
+
+
 def test_enrich_missing_column(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("index,product\n1,Tea\n")
