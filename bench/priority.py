@@ -1,0 +1,136 @@
+"""Interactive latency while a nightly bulk batch runs, against idle, through a real ``weir worker``.
+
+    python -m bench.priority                       # 2,000 bulk jobs, 30 interactive probes each phase
+    python -m bench.priority --bulk 500 --probes 10
+
+One worker (Redis, a fresh PostgreSQL database, a private queue; the random-weight tiny chat model
+of :func:`weir.jobs.testing.save_tiny_chat_model`, so it measures scheduling, not inference) with
+``WEIR_SCHEDULING_POLICY=priority``. A probe is one job enqueued through the client on its own
+(``Client.enqueue_generate``, priority 0), the next sent when the last finished; its latency is
+its batch's ``finished_at - created_at`` from the database (enqueue to stored result). Phases, in
+one run:
+
+- ``idle``: probes with nothing else queued;
+- ``bulk, priority``: probes while a ``--bulk``-job batch enqueued at the catalog job's priority
+  (:data:`weir.jobs.schemas.BULK_PRIORITY`, 9) runs;
+- ``bulk, no priority`` (``--fcfs-baseline``): the same with the bulk batch at priority 0, what
+  every job got before priorities (the probes queue behind the backlog).
+
+Printed: p50 and p99 per phase (p99 of 30 probes is their maximum but one, interpolated) and the
+ratio to idle; the target is p99 under bulk load at most 2x idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from typing import Optional
+
+from weir.worker.testing import WorkerProcess, delete_queue_keys, service_urls, worker_env
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REDIS_URL, POSTGRES_ADMIN_URL = service_urls()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, linearly interpolated (numpy's default)."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def probe_latencies(client, num: int, max_tokens: int, busy=None) -> list[float]:
+    """Latencies (s) of ``num`` interactive jobs sent one after another (while ``busy()`` is true,
+    when given: the probes stop early when the bulk batch ends)."""
+    from weir.jobs.db import Batch
+
+    out = []
+    for i in range(num):
+        if busy is not None and not busy():
+            break
+        ref = client.enqueue_generate(f"Interactive question {i}: say hello.", temperature=0, max_tokens=max_tokens)
+        client.wait(ref.batch_id, timeout_s=600, poll_interval_s=0.02)
+        with client.session_factory() as session:
+            batch = session.get(Batch, ref.batch_id)
+            out.append((batch.finished_at - batch.created_at).total_seconds())
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import redis
+
+    from weir import migrations
+    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+    from weir.jobs.client import Client
+    from weir.jobs.schemas import BULK_PRIORITY, GenerateRequest
+    from weir.jobs.testing import save_tiny_chat_model, temporary_postgres_database
+
+    workdir = tempfile.mkdtemp(prefix="weir-priority-")
+    model_dir = save_tiny_chat_model(os.path.join(workdir, "tiny-chat-llama"))
+    queue = f"weir.priority-{uuid.uuid4().hex[:8]}"
+    with temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_priority_") as database_url:
+        migrations.upgrade(database_url)
+        env = worker_env(broker_url=args.redis_url, queue=queue, database_url=database_url, model=model_dir,
+                         concurrency=args.concurrency or args.max_num_seqs, python_path=[REPO_ROOT],
+                         WEIR_SCHEDULING_POLICY="priority", WEIR_MAX_NUM_SEQS=args.max_num_seqs)
+        client = Client(Settings(engine=EngineSettings(model=model_dir),
+                                 worker=WorkerSettings(broker_url=args.redis_url, queue=queue),
+                                 database=DatabaseSettings(database_url=database_url)))
+        worker = WorkerProcess(env, os.path.join(workdir, "worker.log"), cwd=REPO_ROOT)
+        rows = []
+        try:
+            worker.wait_ready()
+            probe_latencies(client, 3, args.max_tokens)  # warm-up: first compile, first connections
+            rows.append(("idle", probe_latencies(client, args.probes, args.max_tokens), None))
+            phases = [("bulk, priority", BULK_PRIORITY)] + ([("bulk, no priority", 0)] if args.fcfs_baseline else [])
+            for name, priority in phases:
+                bulk = [GenerateRequest(prompt=f"Product {i}: describe it.", temperature=0, max_tokens=args.max_tokens)
+                        for i in range(args.bulk)]
+                started = time.monotonic()
+                batch_id = client.enqueue_batch(bulk, priority=priority)
+                time.sleep(1.0)  # the worker's threads and engine fill with bulk jobs first
+                latencies = probe_latencies(client, args.probes, args.max_tokens,
+                                            busy=lambda: not client.batch_status(batch_id).status.is_finished)
+                still_running = not client.batch_status(batch_id).status.is_finished
+                client.wait(batch_id, timeout_s=3600)
+                rows.append((name, latencies, (time.monotonic() - started, still_running)))
+        finally:
+            worker.kill()
+            client.close()
+            delete_queue_keys(redis.Redis.from_url(args.redis_url), queue)
+
+    idle_p50, idle_p99 = percentile(rows[0][1], 0.5), percentile(rows[0][1], 0.99)
+    print(f"{args.bulk} bulk jobs, max_tokens {args.max_tokens}, WEIR_MAX_NUM_SEQS {args.max_num_seqs}, "
+          f"{args.concurrency or args.max_num_seqs} task threads, {args.probes} probes per phase")
+    print(f"{'phase':20s} {'probes':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/idle':>8s} {'p99/idle':>8s}  bulk")
+    for name, lat, bulk in rows:
+        if not lat:
+            print(f"{name:20s} no probe finished while the bulk batch ran")
+            continue
+        p50, p99 = percentile(lat, 0.5), percentile(lat, 0.99)
+        tail = "" if bulk is None else (f"batch took {bulk[0]:.1f} s; "
+                                        f"{'still running after the last probe' if bulk[1] else 'ended before the last probe'}")
+        print(f"{name:20s} {len(lat):6d} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / idle_p50:8.2f} {p99 / idle_p99:8.2f}  {tail}")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bulk", type=int, default=2000, help="jobs in the bulk batch")
+    ap.add_argument("--probes", type=int, default=30, help="interactive jobs per phase")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=None, help="task threads (default: max_num_seqs)")
+    ap.add_argument("--fcfs-baseline", action="store_true", help="also run the bulk batch at priority 0")
+    ap.add_argument("--redis-url", default=REDIS_URL)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
