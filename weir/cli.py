@@ -336,7 +336,8 @@ def cmd_bench(argv: Sequence[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="weir", description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="weir", description="weir: batch LLM inference on Celery, Redis "
+                                     "and Postgres (a worker, producers' commands, migrations)",
                                      epilog="Settings: WEIR_* environment variables (README, Settings).")
     traceback_help = "on an operational error, show the traceback instead of one line"
     parser.add_argument("--traceback", action="store_true", help=traceback_help)
