@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
@@ -545,6 +545,18 @@ class Client:
             except connection.channel_errors:  # Redis keeps no key for an empty queue
                 return 0
 
+    def queue_consumers(self, timeout_s: float = 1.0) -> list[str]:
+        """The workers that consume the model's queue, as Celery's remote control
+        (``inspect().active_queues()``) finds them within ``timeout_s``: their node names, sorted;
+        empty when none answers.
+
+        Raises:
+            BrokerNotConfigured: no broker URL.
+        """
+        replies = self.celery_app.control.inspect(timeout=timeout_s).active_queues() or {}
+        return sorted(node for node, queues in replies.items()
+                      if any(queue.get("name") == self.queue for queue in queues or ()))
+
     def enqueue_generate(self, prompt: Any, **fields: Any) -> JobRef:
         """Enqueue one generation job (a batch of one). ``fields``: the rest of ``GenerateRequest``."""
         batch_id = self.enqueue_batch([GenerateRequest(prompt=prompt, **fields)])
@@ -571,6 +583,8 @@ class Client:
         *,
         progress: Any = None,
         poll_interval_s: float = 0.5,
+        idle_s: Optional[float] = None,
+        on_idle: Optional[Callable[[BatchProgress], None]] = None,
     ) -> BatchProgress:
         """Poll until the batch is finished (completed, failed or cancelled).
 
@@ -578,6 +592,8 @@ class Client:
             timeout_s: give up after this many seconds; None waits forever.
             progress: a tqdm bar (or anything with ``total``, ``n``, ``refresh()``) kept at the
                 number of finished jobs.
+            idle_s, on_idle: call ``on_idle(snapshot)`` once when no job of the batch has started
+                ``idle_s`` seconds into the wait (no worker took any), and keep waiting.
 
         Returns:
             The final snapshot.
@@ -587,6 +603,7 @@ class Client:
             LookupError: no such batch.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        idle_at = None if idle_s is None or on_idle is None else time.monotonic() + idle_s
         while True:
             snapshot = self.batch_status(batch_id)
             if progress is not None:
@@ -595,6 +612,10 @@ class Client:
                 progress.refresh()
             if snapshot.status.is_finished:
                 return snapshot
+            if idle_at is not None and time.monotonic() >= idle_at:
+                idle_at = None
+                if snapshot.started_at is None:
+                    on_idle(snapshot)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"batch {batch_id} still {snapshot.status.value} after {timeout_s}s: "

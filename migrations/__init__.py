@@ -32,6 +32,40 @@ def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def create_database_if_missing(url: str, maintenance_database: str = "postgres") -> bool:
+    """Create the Postgres database ``url`` names when the server has none of that name, as
+    ``createdb`` does: from a connection to ``maintenance_database`` on the same server, with the
+    same credentials. A SQLite file is created by its first connection, so nothing is done there.
+
+    Returns:
+        True when the database was created, False when it existed (or is not Postgres).
+
+    Raises:
+        sqlalchemy.exc.OperationalError: the server cannot be reached, or refuses CREATE DATABASE
+            (the user lacks CREATEDB: create it with ``createdb`` as a user who has it).
+    """
+    from sqlalchemy import make_url, text
+
+    from weir.jobs.db import make_engine
+
+    target = make_url(url)
+    if not target.drivername.startswith("postgres") or not target.database:
+        return False
+    admin = make_engine(target.set(database=maintenance_database).render_as_string(hide_password=False),
+                        isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            exists = connection.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": target.database}).first()
+            if exists:
+                return False
+            quoted = connection.dialect.identifier_preparer.quote(target.database)
+            connection.execute(text(f"CREATE DATABASE {quoted}"))
+            return True
+    finally:
+        admin.dispose()
+
+
 def downgrade(url: str, revision: str) -> None:
     """Migrate the database at ``url`` down to ``revision`` (``"base"``: drop every table)."""
     command.downgrade(alembic_config(url), revision)

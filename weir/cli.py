@@ -1,7 +1,9 @@
 """The ``weir`` command line: ``worker``, ``enrich``, ``sweep``, ``cancel``, ``db``, ``health``, ``bench``.
 
 Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
-differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error.
+differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error
+(a database or broker that cannot be reached, a setting that does not parse: one line on stderr,
+the traceback only with ``--traceback`` or ``--loglevel DEBUG``), 130 after Ctrl-C (SIGINT).
 """
 
 from __future__ import annotations
@@ -11,11 +13,17 @@ import logging
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from collections import Counter
+from typing import Any, Optional, Sequence
 
 from weir.config import Settings, get_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as a shell reports a command stopped by Ctrl-C."""
+
+BROKER_CHECK_TIMEOUT_S = 5.0
+DEFAULT_IDLE_WARNING_S = 30.0
 
 
 def _is_sqlite(url: str) -> bool:
@@ -51,14 +59,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    from weir import health
+
+    # Celery would retry a wrong or unreachable broker forever, after loading the model
+    broker = health.check_broker(settings.worker.broker_url, timeout_s=BROKER_CHECK_TIMEOUT_S)
+    if not broker.healthy:
+        print(f"weir worker: {broker.message}", file=sys.stderr)
+        return EXIT_USAGE
     problem = _ensure_schema(settings)
     if problem:
         print(f"weir worker: {problem}", file=sys.stderr)
         return EXIT_USAGE
 
+    from celery import signals
+
     import weir.worker.tasks  # noqa: F401  (registers the tasks)
     from weir.worker.app import app, make_worker
 
+    shutdown_signals: list[str] = []
+    signals.worker_shutting_down.connect(
+        lambda sender=None, sig=None, **kwargs: shutdown_signals.append(sig), weak=False)
     controller = make_worker(
         app, settings, hostname=f"weir-{os.getpid()}@{os.uname().nodename}", loglevel=args.loglevel
     )
@@ -75,18 +95,50 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         if beat is not None:
             beat.stop()
+    if "SIGINT" in shutdown_signals:  # Celery's own exit code for it is 1, as for a failure
+        return EXIT_INTERRUPTED
     return controller.exitcode or EXIT_OK
+
+
+def _skipped_rows(path: str, spec: Any, limit: Optional[int]) -> Counter:
+    """Rows ``read_catalog`` passes over as it collects the products, by reason: ``no id`` (the
+    id column empty) or ``no name``; only rows before the ``limit``-th product count."""
+    import csv
+
+    columns = spec.columns
+    skipped: Counter = Counter()
+    num_products = 0
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        for row in csv.DictReader(f):
+            if limit is not None and num_products >= limit:
+                break
+            if not (row.get(columns.id) or "").strip():
+                skipped[f"no id ({columns.id!r} empty)"] += 1
+            elif not (row.get(columns.name) or "").strip():
+                skipped[f"no name ({columns.name!r} empty)"] += 1
+            else:
+                num_products += 1
+    return skipped
+
+
+def _warn_if_nothing_consumes(client: Any, idle_s: float) -> None:
+    """Print one warning when no worker consumes the client's queue (the batch's jobs are
+    waiting ``idle_s`` after being published, none started)."""
+    if client.queue_consumers():
+        return
+    print(f"weir enrich: warning: no job started in {idle_s:g} s and no worker consumes queue "
+          f"{client.queue!r}; start one (`weir worker` with the same WEIR_BROKER_URL and WEIR_MODEL "
+          "or WEIR_QUEUE); still waiting", file=sys.stderr)
 
 
 def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
-    from tqdm import tqdm
-
     import dataclasses
 
     from weir.jobs.catalog import enqueue_catalog, read_catalog, summarize
     from weir.jobs.client import Client
     from weir.jobs.spec import load_spec
+    from weir.progress import progress_bar
 
     settings = get_settings()
     if args.limit is not None and args.limit < 1:
@@ -103,6 +155,10 @@ def cmd_enrich(args: argparse.Namespace) -> int:
                 if args.spec is None and "no column" in str(exc) else "")
         print(f"weir enrich: {exc}{hint}", file=sys.stderr)
         return EXIT_USAGE
+    skipped = _skipped_rows(args.catalog, spec, args.limit)
+    if skipped:
+        reasons = ", ".join(f"{count} with {reason}" for reason, count in sorted(skipped.items()))
+        print(f"weir enrich: skipped {sum(skipped.values())} rows: {reasons}", file=sys.stderr)
     if not catalog.products:
         print(f"weir enrich: {args.catalog} has no products", file=sys.stderr)
         return EXIT_USAGE
@@ -113,14 +169,19 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         batch_id = enqueue_catalog(client, catalog)
         num_jobs = client.batch_status(batch_id).num_jobs
         print(f"batch {batch_id}: {num_jobs} jobs on queue {client.queue}", file=sys.stderr)
+        idle_s = args.idle_warning_s if settings.worker.broker_url and args.idle_warning_s > 0 else None
         try:
-            # redraw often on a terminal, rarely into a log file
-            every_s = 0.5 if sys.stderr.isatty() else 30.0
-            with tqdm(total=num_jobs, unit="job", desc="enrich", mininterval=every_s) as bar:
-                final = client.wait(batch_id, args.timeout_s, progress=bar)
+            with progress_bar(num_jobs, "enrich") as bar:
+                final = client.wait(batch_id, args.timeout_s, progress=bar, idle_s=idle_s,
+                                    on_idle=lambda snapshot: _warn_if_nothing_consumes(client, idle_s))
         except TimeoutError as exc:
             print(f"weir enrich: {exc}", file=sys.stderr)
             return EXIT_FAILED
+        except KeyboardInterrupt:
+            if settings.worker.broker_url:
+                print(f"weir enrich: interrupted; batch {batch_id} goes on in the workers "
+                      f"(`weir cancel {batch_id}` stops it)", file=sys.stderr)
+            raise
         summary = summarize(catalog, client.results(batch_id), time.monotonic() - started)
         print(summary.format())
         return EXIT_OK if final.num_failed == 0 else EXIT_FAILED
@@ -229,6 +290,10 @@ def cmd_db(args: argparse.Namespace) -> int:
     from weir import migrations
 
     url = get_settings().database.url()
+    if args.db_command == "upgrade" and migrations.create_database_if_missing(url):
+        from sqlalchemy import make_url
+
+        print(f"created database {make_url(url).database}")
     if args.db_command == "reconcile":
         from weir.jobs import store
         from weir.jobs.db import engine_for, make_session_factory
@@ -280,74 +345,130 @@ def cmd_bench(argv: Sequence[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="weir", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="weir", description="weir: batch LLM inference on Celery, Redis "
+                                     "and Postgres (a worker, producers' commands, migrations)",
+                                     epilog="Settings: WEIR_* environment variables (README, Settings).")
+    traceback_help = "on an operational error, show the traceback instead of one line"
+    parser.add_argument("--traceback", action="store_true", help=traceback_help)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    worker = commands.add_parser("worker", help="run a Celery worker (threads pool) for the model's queue")
-    worker.add_argument("--loglevel", default="INFO")
-    worker.add_argument("--beat", action="store_true", help="also run the periodic scheduler (nightly enrichment)")
+    def command(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, **kwargs)
+        # also after the command's name; SUPPRESS keeps the top-level flag when it is not repeated
+        sub.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=traceback_help)
+        return sub
+
+    worker = command("worker", "run a Celery worker (threads pool) on the model's queue (needs WEIR_BROKER_URL)")
+    worker.add_argument("--loglevel", default="INFO",
+                        help="Celery's log level: DEBUG, INFO, WARNING, ERROR (default INFO; DEBUG also "
+                             "shows tracebacks)")
+    worker.add_argument("--beat", action="store_true",
+                        help="also run Celery beat in this process: the sweeper and the nightly enrichment "
+                             "(on one host only)")
     worker.set_defaults(func=cmd_worker)
 
-    enrich = commands.add_parser("enrich", help="classify and describe every product of a catalog CSV")
-    enrich.add_argument("catalog", help="catalog CSV file")
-    enrich.add_argument("--limit", type=int, default=None, help="first N products only")
+    enrich = command("enrich", "classify and describe every product of a catalog CSV; print a summary")
+    enrich.add_argument("catalog", help="catalog CSV file (header row; columns as the spec names them)")
+    enrich.add_argument("--limit", type=int, default=None, help="the first N products only")
     enrich.add_argument("--spec", default=None,
                         help="job spec (TOML file, or a shipped spec: bigbasket, flipkart); default: "
                              "columns index, product, brand, description, category")
-    enrich.add_argument("--product-col", default=None, help="overrides the spec's [columns] name")
-    enrich.add_argument("--brand-col", default=None)
-    enrich.add_argument("--category-col", default=None, help="overrides the spec's [taxonomy] column")
-    enrich.add_argument("--description-col", default=None)
-    enrich.add_argument("--id-col", default=None)
-    enrich.add_argument("--timeout-s", type=float, default=None, help="give up waiting after this long")
+    enrich.add_argument("--product-col", default=None, help="column of the product name (overrides the "
+                                                            "spec's [columns] name)")
+    enrich.add_argument("--brand-col", default=None, help="column of the brand (overrides [columns] brand)")
+    enrich.add_argument("--category-col", default=None,
+                        help="column of the catalog's own category (overrides [taxonomy] column)")
+    enrich.add_argument("--description-col", default=None,
+                        help="column of the existing description (overrides [columns] description)")
+    enrich.add_argument("--id-col", default=None, help="column of the product id (overrides [columns] id)")
+    enrich.add_argument("--timeout-s", type=float, default=None,
+                        help="give up waiting after this many seconds (exit 1; the batch goes on)")
+    enrich.add_argument("--idle-warning-s", type=float, default=DEFAULT_IDLE_WARNING_S,
+                        help="with a broker: warn once when no job has started after this many seconds and "
+                             f"no worker consumes the queue (default {DEFAULT_IDLE_WARNING_S:g}; 0: never)")
     enrich.set_defaults(func=cmd_enrich)
 
-    sweep = commands.add_parser("sweep", help="publish again the jobs whose queue message may be lost")
+    sweep = command("sweep", "publish again the jobs whose queue message may be lost (once; beat runs it "
+                             "every WEIR_SWEEP_INTERVAL_S)")
     sweep.add_argument("--older-than-s", type=float, default=None,
-                       help="jobs with no message for this long (default WEIR_SWEEP_AFTER_S)")
+                       help="jobs with no message for this many seconds (default WEIR_SWEEP_AFTER_S)")
     sweep.set_defaults(func=cmd_sweep)
 
-    cancel = commands.add_parser("cancel", help="cancel a batch, or one job with --job")
+    cancel = command("cancel", "cancel a batch, or one job with --job")
     cancel.add_argument("id", help="batch id (job id with --job)")
     cancel.add_argument("--job", action="store_true", help="the id is a job's")
     cancel.set_defaults(func=cmd_cancel)
 
-    results = commands.add_parser("results", help="write a batch's results, one job per line (JSON Lines or CSV)")
-    results.add_argument("batch_id")
+    results = command("results", "write a batch's results, one job per line (JSON Lines or CSV)")
+    results.add_argument("batch_id", help="the batch's id (printed by weir enrich, returned by enqueue_batch)")
     results.add_argument("--format", choices=["jsonl", "csv"], default="jsonl",
                          help="jsonl: every field (default); csv: the columns of docs/downstream.md")
     results.add_argument("--output", metavar="FILE", default=None,
                          help="write to FILE (replaced only once complete) instead of stdout")
     results.set_defaults(func=cmd_results)
 
-    db = commands.add_parser("db", help="migrate the results database (WEIR_DATABASE_URL)")
-    db_commands = db.add_subparsers(dest="db_command", required=True)
-    upgrade = db_commands.add_parser("upgrade", help="migrate up (default: to the newest revision)")
-    upgrade.add_argument("revision", nargs="?", default="head")
+    db = command("db", "migrate the results database (WEIR_DATABASE_URL), or repair batch counters")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    upgrade = db_commands.add_parser(
+        "upgrade", help="create a missing Postgres database, then migrate up (default: to the newest revision)")
+    upgrade.add_argument("revision", nargs="?", default="head", help="Alembic revision (default head)")
     downgrade = db_commands.add_parser("downgrade", help="migrate down to REVISION ('base': drop all)")
-    downgrade.add_argument("revision")
+    downgrade.add_argument("revision", help="Alembic revision, or 'base' to drop every table")
     db_commands.add_parser("reconcile", help="recount unfinished batches from their jobs and repair their counters")
     db.set_defaults(func=cmd_db)
 
-    health = commands.add_parser("health", help="exit 0 when this host's worker or beat answers a ping")
-    health.add_argument("process", choices=["worker", "beat"])
+    health = command("health", "exit 0 when this host's worker or beat answers a ping")
+    health.add_argument("process", choices=["worker", "beat"], help="which process to ping")
     health.add_argument("--hostname", default=None,
                         help="exact node name (default: weir-*@<host> for a worker, celerybeat@<host>)")
-    health.add_argument("--timeout-s", type=float, default=5.0, help="wait this long for the answer")
+    health.add_argument("--timeout-s", type=float, default=5.0, help="wait this many seconds for the answer")
     health.set_defaults(func=cmd_health)
 
-    commands.add_parser("bench", help="benchmarks: W-gen (bench.run), `bench cls` W-cls (bench.cls)",
-                        add_help=False)
+    commands.add_parser("bench", help="benchmarks: W-gen (bench.run), `bench cls` W-cls (bench.cls); "
+                                      "`weir bench --help` lists their options", add_help=False)
     return parser
 
 
+def _settings_or_none() -> Optional[Settings]:
+    try:
+        return get_settings()
+    except Exception:  # the command itself reports a setting that does not parse
+        return None
+
+
+def _wants_traceback(args: argparse.Namespace) -> bool:
+    return args.traceback or str(getattr(args, "loglevel", "")).upper() == "DEBUG"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one command; returns its exit status. An operational error (:func:`weir.errors.one_line`)
+    is one line on stderr and exit status 2 (1 for a batch stored but not all published); Ctrl-C
+    is 130 once the command has shut down."""
+    from weir.errors import one_line
+    from weir.jobs.client import PublishError
+
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if _wants_traceback(args):
+            raise
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if _wants_traceback(args):
+            raise
+        settings = _settings_or_none()
+        line = one_line(exc, database_url=settings.database.url() if settings else None,
+                        broker_url=settings.worker.broker_url if settings else None)
+        if line is None:
+            raise
+        name = " ".join(filter(None, [args.command, getattr(args, "db_command", None)]))
+        print(f"weir {name}: {line}", file=sys.stderr)
+        return EXIT_FAILED if isinstance(exc, PublishError) else EXIT_USAGE
 
 
 if __name__ == "__main__":

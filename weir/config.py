@@ -77,7 +77,7 @@ class WorkerSettings(_WeirSettings):
     :meth:`delivery_problems` names any setting that breaks this.
     """
 
-    broker_url: Optional[str] = None
+    broker_url: Optional[str] = Field(None, description="Redis URL, redis://host:port/db")
     queue: Optional[str] = Field(None, description="queue name; default derived from the model")
     concurrency: Optional[int] = Field(None, gt=0, description="task threads; default max_num_seqs")
     visibility_timeout_s: int = Field(3600, gt=0, description="Redis redelivers an unacked message this long after its fetch")
@@ -99,6 +99,15 @@ class WorkerSettings(_WeirSettings):
     catalog_schedule: str = Field("0 2 * * *", description="cron line (UTC) of the nightly enrichment")
     catalog_spec: Optional[str] = Field(
         None, description="job spec of the nightly enrichment: a TOML file or a shipped name (bigbasket, flipkart)")
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url_has_a_scheme(cls, url: Optional[str]) -> Optional[str]:
+        # kombu reads a URL without "://" as a host name on its default transport, AMQP, and
+        # would retry connecting to it forever
+        if url and "://" not in url:
+            raise ValueError(f"{url!r} is not a broker URL (expected redis://host:port/db)")
+        return url or None
 
     @property
     def sweep_deadline_s(self) -> float:

@@ -87,6 +87,25 @@ def check_beat(broker_url: str, hostname: Optional[str] = None, timeout_s: float
     return _ping(broker_url, timeout_s, name=name, destination=[name])
 
 
+def check_broker(broker_url: str, timeout_s: float = 5.0) -> Health:
+    """Open and close one connection to the broker (``weir worker`` does, before it loads the
+    engine: Celery itself would retry a wrong URL forever).
+
+    Returns:
+        Healthy when the broker accepted the connection within ``timeout_s``; else unhealthy,
+        with one line naming the broker (password hidden) and why.
+    """
+    where = maybe_sanitize_url(broker_url)
+    app = Celery("weir-health", broker=broker_url, set_as_current=False)
+    app.conf.update(broker_connection_timeout=timeout_s, broker_connection_retry=False)
+    with app.connection_for_write() as connection:
+        try:
+            connection.ensure_connection(max_retries=1, interval_start=0, timeout=timeout_s)
+        except Exception as exc:  # whatever the transport raises, the broker cannot be used
+            return Health(False, f"cannot reach the broker at {where}: {_one_line(exc)}")
+    return Health(True, f"the broker at {where} answered")
+
+
 def _ping(broker_url: str, timeout_s: float, name: str, destination: Optional[list] = None,
           pattern: Optional[str] = None) -> Health:
     """Ping the nodes named in ``destination``, or those matching the glob ``pattern``; healthy on

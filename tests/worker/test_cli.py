@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from sqlalchemy import make_url
 
 from weir import migrations
 from tests import support
@@ -221,3 +222,123 @@ def test_sweep_and_cancel_commands(redis_url, postgres_url):
     done = weir("cancel", "00000000-0000-0000-0000-000000000000", env_overrides=env)
     assert (done.returncode, done.stderr) == (2, "weir cancel: no batch with id 00000000-0000-0000-0000-000000000000\n")
     assert weir("sweep", env_overrides={"WEIR_DATABASE_URL": postgres_url}).returncode == 2
+
+
+def assert_one_line_error(done, returncode=2, *, contains):
+    """Exit status ``returncode``, and stderr one line (no traceback) naming what failed."""
+    assert done.returncode == returncode, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr[-3000:]
+    assert contains in done.stderr
+
+
+@pytest.mark.parametrize("broker_url, contains", [
+    ("redis://127.0.0.1:1/0", "cannot reach the broker at redis://127.0.0.1:1/0"),
+    ("redis//x", "invalid setting WEIR_BROKER_URL: 'redis//x' is not a broker URL"),
+])
+def test_worker_with_a_bad_broker_url_is_one_line(postgres_url, broker_url, contains):
+    env = {"WEIR_BROKER_URL": broker_url, "WEIR_DATABASE_URL": postgres_url}
+    assert_one_line_error(weir("worker", env_overrides=env), contains=f"weir worker: {contains}")
+
+
+def test_sweep_and_enrich_with_a_bad_broker_url_are_one_line(postgres_url, tmp_path):
+    env = {"WEIR_BROKER_URL": "redis://127.0.0.1:1/0", "WEIR_DATABASE_URL": postgres_url}
+    assert_one_line_error(weir("sweep", env_overrides=env),
+                          contains="weir sweep: cannot reach the broker at redis://127.0.0.1:1/0")
+    done = weir("enrich", "missing.csv", env_overrides=dict(env, WEIR_BROKER_URL="redis//x"))
+    assert_one_line_error(done, contains="invalid setting WEIR_BROKER_URL")
+
+
+def test_a_missing_database_is_one_line(redis_url):
+    url = make_url(support.POSTGRES_ADMIN_URL).set(database="weir_no_such_database").render_as_string()
+    done = weir("worker", env_overrides={"WEIR_BROKER_URL": redis_url, "WEIR_DATABASE_URL": url})
+    assert_one_line_error(done, contains='database "weir_no_such_database" does not exist; `weir db upgrade` creates it')
+    assert_one_line_error(weir("db", "reconcile", env_overrides={"WEIR_DATABASE_URL": url}),
+                          contains="weir db reconcile: cannot connect to the database at ")
+    refused = "postgresql+psycopg://postgres@127.0.0.1:1/weir"
+    assert_one_line_error(weir("db", "upgrade", env_overrides={"WEIR_DATABASE_URL": refused}),
+                          contains=f"weir db upgrade: cannot connect to the database at {refused}: Connection refused")
+
+
+def test_traceback_flag_shows_the_traceback():
+    done = weir("--traceback", "db", "upgrade",
+                env_overrides={"WEIR_DATABASE_URL": "postgresql+psycopg://postgres@127.0.0.1:1/weir"})
+    assert done.returncode == 1 and "Traceback" in done.stderr
+
+
+def test_db_upgrade_creates_a_missing_postgres_database():
+    from sqlalchemy import text
+
+    from weir.jobs.db import make_engine
+    from weir.jobs.testing import temporary_postgres_database
+
+    with temporary_postgres_database(support.POSTGRES_ADMIN_URL) as scratch:
+        admin = make_engine(support.POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        name = make_url(scratch).database
+        with admin.connect() as connection:  # the name is ours, the database gone
+            connection.execute(text(f'DROP DATABASE "{name}"'))
+        admin.dispose()
+        first = weir("db", "upgrade", env_overrides={"WEIR_DATABASE_URL": scratch})
+        again = weir("db", "upgrade", env_overrides={"WEIR_DATABASE_URL": scratch})
+    head = migrations.head_revision()
+    assert (first.returncode, first.stdout) == (0, f"created database {name}\ndatabase at revision {head}\n")
+    assert (again.returncode, again.stdout) == (0, f"database at revision {head}\n")
+
+
+def test_enrich_missing_catalog_file_and_bad_spec_are_one_line(tmp_path):
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    assert_one_line_error(weir("enrich", str(tmp_path / "missing.csv"), env_overrides=env),
+                          contains="No such file or directory")
+    catalog = tmp_path / "c.csv"
+    catalog.write_text("index,product,brand,description,category\n1,Tea,B,D,Beverages\n")
+    spec = tmp_path / "spec.toml"
+    spec.write_text("[columns\nname = 1\n")
+    assert_one_line_error(weir("enrich", str(catalog), "--spec", str(spec), env_overrides=env),
+                          contains=f"weir enrich: {spec}")
+
+
+def test_enrich_says_which_rows_it_skipped(tmp_path):
+    catalog = tmp_path / "c.csv"
+    catalog.write_text("index,product,brand,description,category\n"
+                       ",Tea,B,D,Beverages\n2,,B,D,Beverages\n3,  ,B,D,Beverages\n")
+    done = weir("enrich", str(catalog), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "weir enrich: skipped 3 rows: 1 with no id ('index' empty), 2 with no name ('product' empty)",
+        f"weir enrich: {catalog} has no products"]
+
+
+def test_every_command_and_option_has_help():
+    import argparse
+
+    from weir.cli import build_parser
+
+    def undocumented(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for choice in action._choices_actions:
+                    if not choice.help:
+                        yield f"{path} {choice.dest}"
+                for name, sub in action.choices.items():
+                    if name != "bench":  # its own parsers (bench.run, bench.cls) document it
+                        yield from undocumented(sub, f"{path} {name}")
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                yield f"{path} {'/'.join(action.option_strings) or action.dest}"
+
+    assert list(undocumented(build_parser(), "weir")) == []
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_a_worker_with_status_130_and_no_traceback(worker_env, tmp_path):
+    import signal
+
+    from weir.worker.testing import WorkerProcess
+
+    worker = WorkerProcess(worker_env, str(tmp_path / "worker.log"), cwd=REPO_ROOT)
+    try:
+        worker.wait_ready()
+        worker.proc.send_signal(signal.SIGINT)
+        assert worker.proc.wait(60) == 130
+    finally:
+        worker.kill()
+    assert "Warm shutdown" in worker.log() and "Traceback" not in worker.log()

@@ -1,0 +1,75 @@
+"""One line for each operational error the ``weir`` command line meets: a database or broker it
+cannot reach, a setting that does not parse, a file it cannot read.
+
+:func:`one_line` says what failed and where, in words a user of Postgres and Celery reads at a
+glance; anything else (a bug) it leaves to the traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from kombu.utils.url import maybe_sanitize_url
+
+
+def _squeeze(text: str) -> str:
+    """One line: the text's lines joined by "; ", runs of white space made one space."""
+    return "; ".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+
+
+def _database_reason(exc: BaseException) -> str:
+    """The driver's reason without its preamble: psycopg says ``connection failed: connection to
+    server at "h", port p failed: FATAL:  database "x" does not exist``; the URL is named anyway."""
+    reason = _squeeze(str(getattr(exc, "orig", None) or exc))
+    reason = reason.rsplit(" failed: ", 1)[-1]
+    return reason.removeprefix("FATAL: ").split(" (Background on this error", 1)[0]
+
+
+def _settings_error(exc: BaseException) -> Optional[str]:
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError) or not exc.title.endswith("Settings"):
+        return None
+    problems = []
+    for error in exc.errors():
+        name = "WEIR_" + "_".join(str(part) for part in error["loc"]).upper()
+        problems.append(f"{name}: {error['msg'].removeprefix('Value error, ')}")
+    return "invalid setting " + "; ".join(problems)
+
+
+def one_line(exc: BaseException, *, database_url: Optional[str] = None,
+             broker_url: Optional[str] = None) -> Optional[str]:
+    """One line saying what failed, or None when ``exc`` is not an operational error.
+
+    Args:
+        exc: what the command raised.
+        database_url: the results database's URL, named in a database error (password hidden).
+        broker_url: the broker's URL, named in a broker error (password hidden).
+
+    Returns:
+        The line (no program name, no newline), or None: a bug, to be shown with its traceback.
+    """
+    from kombu.exceptions import OperationalError as BrokerError
+    from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
+
+    from weir.jobs.client import BrokerNotConfigured, BrokerUnreachable, PublishError
+
+    where = f" at {maybe_sanitize_url(database_url)}" if database_url else ""
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        reason = _database_reason(exc)
+        if exc.statement:  # connected, then a statement failed (a timeout, a lost connection)
+            return f"database error{where}: {reason}"
+        hint = "; `weir db upgrade` creates it" if reason.startswith("database ") and "does not exist" in reason else ""
+        return f"cannot connect to the database{where}: {reason}{hint}"
+    if isinstance(exc, ArgumentError):
+        named = f"={database_url!r}" if database_url else ""
+        return f"WEIR_DATABASE_URL{named} is not a database URL SQLAlchemy can use ({_squeeze(str(exc))})"
+    if isinstance(exc, (BrokerNotConfigured, BrokerUnreachable, PublishError)):
+        return str(exc)
+    if isinstance(exc, BrokerError):
+        at = f" at {maybe_sanitize_url(broker_url)}" if broker_url else ""
+        return f"cannot reach the broker{at}: {_squeeze(str(exc)) or type(exc).__name__}"
+    if isinstance(exc, OSError):
+        return _squeeze(str(exc)) or type(exc).__name__
+    return _settings_error(exc)
+
