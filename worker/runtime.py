@@ -109,7 +109,11 @@ class WorkerRuntime:
             self.metrics.serve(settings.metrics_port)
             if settings.broker_url:
                 self._watch_queues()
-        self.llm = LLM(**self.settings.engine_args())
+        try:
+            self.llm = LLM(**self.settings.engine_args())
+        except BaseException:
+            self.metrics.close()
+            raise
         if settings.metrics_port:
             attach(self.metrics, self.llm)
         self.front = EngineFront(self.llm)
