@@ -14,7 +14,6 @@ import time
 import urllib.request
 
 import pytest
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.worker.conftest import REPO_ROOT
