@@ -33,6 +33,7 @@ from weir.engine.piecewise_graphs import resolve_capture_sizes
 from weir.engine.request import Request, RequestStatus
 from weir.engine.sampling_params import SamplingParams
 from weir.engine.scheduler import Scheduler, SchedulerOutput, SchedulerUpdate
+from weir.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats, StatLoggerBase
 from weir.engine.structured_outputs import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,10 @@ class LLMEngine:
     """Owns the model runner, KV cache, block pool, scheduler and tokenizer of one model.
 
     Not thread-safe: one thread calls ``add_*``/``step``; see ``weir.engine.front.EngineFront``.
+
+    ``stat_loggers``: after every step each one's ``record(SchedulerStats, IterationStats)`` is
+    called in the step thread (:mod:`weir.engine.stats`); add them before the first step. Empty
+    by default, and then a step builds no stats.
     """
 
     def __init__(self, args: EngineArgs):
@@ -135,6 +140,9 @@ class LLMEngine:
         self._timings = {key: [0, 0.0, 0.0] for key, _, _ in DURATIONS}
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+        self.stat_loggers: list[StatLoggerBase] = []
+        self._recorded_counts = (0, 0, 0, 0, 0)  # the counters at the last record (_record_stats)
+        self._finished_stats: list[FinishedRequestStats] = []
         logger.info("engine ready: model=%s device=%s dtype=%s num_gpu_blocks=%d block_size=%d "
                     "max_model_len=%d, %s (%.1f s)", self.model_name, self.device, self.dtype,
                     self.num_blocks, args.block_size, self.max_model_len, self.runner.cudagraph_summary,
@@ -366,7 +374,23 @@ class LLMEngine:
             self.scheduler.release_waiting_blocks()
         if self._deadlines:  # after the step, so that a failed step cannot drop an expired request
             finished += self._expire(time.time())
-        return self._make_outputs(finished)
+        outputs = self._make_outputs(finished)
+        if self.stat_loggers:
+            self._record_stats()
+        return outputs
+
+    def _record_stats(self) -> None:
+        """Hand every stat logger the state after this step and the counters' change since the
+        last record (a failed step's change is reported with the next good one)."""
+        counts = (self.num_prompt_tokens, self.num_generation_tokens, self.scheduler.num_preemptions,
+                  self.kv.num_queries_tokens, self.kv.num_hit_tokens)
+        last, self._recorded_counts = self._recorded_counts, counts
+        iteration = IterationStats(counts[0] - last[0], counts[1] - last[1], counts[2] - last[2],
+                                   counts[3] - last[3], counts[4] - last[4], self._finished_stats)
+        self._finished_stats = []
+        scheduler = SchedulerStats(len(self.scheduler.running), len(self.scheduler.waiting), self.block_pool.usage())
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(scheduler, iteration)
 
     def _execute(self, sched: SchedulerOutput):
         try:
@@ -436,10 +460,14 @@ class LLMEngine:
             owner.sequence_ended(seq)
             if owner.is_finished and self._requests.pop(owner.request_id, None) is not None:
                 out = self.output_processor.make_request_output(owner)
+                m = out.metrics
                 for key, agg in self._timings.items():
-                    if key in out.metrics:
-                        v = out.metrics[key]
+                    if key in m:
+                        v = m[key]
                         agg[0], agg[1], agg[2] = agg[0] + 1, agg[1] + v, max(agg[2], v)
+                if self.stat_loggers:
+                    self._finished_stats.append(FinishedRequestStats(
+                        m.get("queue_time_s"), m.get("time_to_first_token_s"), m.get("e2e_latency_s")))
                 outputs.append(out)
         return outputs
 

@@ -204,6 +204,25 @@ def broker_priority(priority: int) -> int:
     return max(0, min(9, priority))
 
 
+def num_waiting_messages(celery_app: Any, queue: str, timeout_s: Optional[float] = None) -> int:
+    """Messages waiting in ``queue`` on ``celery_app``'s broker (not counting those workers hold
+    unacked).
+
+    Args:
+        timeout_s: give the broker connection one try of this long (None: the app's own retries).
+
+    Raises:
+        kombu.exceptions.OperationalError: with ``timeout_s``, the broker cannot be reached.
+    """
+    with celery_app.connection_for_read() as connection:
+        if timeout_s is not None:
+            connection.ensure_connection(max_retries=1, interval_start=0, timeout=timeout_s)
+        try:
+            return connection.default_channel.queue_declare(queue, passive=True).message_count
+        except connection.channel_errors:  # Redis keeps no key for an empty queue
+            return 0
+
+
 def _check_broker(celery_app: Any) -> None:
     """Open and close one broker connection.
 
@@ -539,11 +558,7 @@ class Client:
         Raises:
             BrokerNotConfigured: no broker URL.
         """
-        with self.celery_app.connection_for_read() as connection:
-            try:
-                return connection.default_channel.queue_declare(self.queue, passive=True).message_count
-            except connection.channel_errors:  # Redis keeps no key for an empty queue
-                return 0
+        return num_waiting_messages(self.celery_app, self.queue)
 
     def queue_consumers(self, timeout_s: float = 1.0) -> list[str]:
         """The workers that consume the model's queue, as Celery's remote control

@@ -95,6 +95,10 @@ class WorkerSettings(_WeirSettings):
     sweep_after_s: Optional[float] = Field(
         None, gt=0, description="a message missing this long is lost and published again; default 60 s"
     )
+    metrics_port: Optional[int] = Field(
+        None, ge=0, le=65535, description="serve Prometheus metrics on this port (/metrics); unset or 0 = off")
+    log_stats_interval_s: float = Field(
+        10.0, ge=0, description="log the engine's throughput and cache line this often, seconds; 0 = off")
     catalog_path: Optional[str] = Field(None, description="catalog CSV the nightly enrichment reads")
     catalog_schedule: str = Field("0 2 * * *", description="cron line (UTC) of the nightly enrichment")
     catalog_spec: Optional[str] = Field(

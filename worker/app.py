@@ -9,6 +9,10 @@ The worker reconnects to a lost broker forever. Warm shutdown gives running jobs
 weir's (undecodable, not a task, an unknown task) are kept in ``dead_letters``. Tasks store their
 own results in the database, so there is no result backend. Without ``WEIR_BROKER_URL`` the app
 uses kombu's in-process ``memory://`` transport (the embedded mode of ``weir enrich``).
+
+Celery's task events are on (``worker_send_task_events``, ``task_send_sent_event``), so Flower and
+``celery events`` see every task; jobs published in batches by ``weir.jobs.publisher`` carry no
+``task-sent`` event (their first is ``task-received``).
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ def make_app(settings: Settings) -> Celery:
         broker_connection_max_retries=None,  # a worker outlives any broker restart
         worker_consumer="weir.worker.app:DeadLetterConsumer",
         worker_concurrency=worker_concurrency(settings),
+        worker_send_task_events=True,  # Flower, `celery events`
+        task_send_sent_event=True,
         beat_schedule=beat_schedule(settings),
         timezone="UTC",
     )

@@ -141,6 +141,9 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
     if claim.status != ClaimStatus.CLAIMED:
         return Attempt(Outcome.DONE, f"nothing to run ({claim.status.value})")
     job = claim.job
+    claimed_at = time.monotonic()
+    kind = job.kind.value
+    runtime.metrics.job_started(kind)
     runtime.hold(job)
     try:
         try:
@@ -160,11 +163,13 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
                 return Attempt(Outcome.RETRY, str(exc), get_exponential_backoff_interval(1, job.attempts, 60))
             result = JobResult.failure(f"JobTimedOut: {exc} on each of {job.attempts} attempts")
         try:
-            written = _store(writer, job, result)
+            stored = _store(writer, job, result)
         except DatabaseUnavailable as exc:
             return Attempt(Outcome.REQUEUE, str(exc))
-        return Attempt(Outcome.DONE, result.status.value if written else
-                       "result dropped: the job was cancelled, finished or taken by another claim")
+        if stored is None:
+            return Attempt(Outcome.DONE, "result dropped: the job was cancelled, finished or taken by another claim")
+        runtime.metrics.job_finished(kind, stored.status.value, time.monotonic() - claimed_at)
+        return Attempt(Outcome.DONE, stored.status.value)
     finally:
         runtime.drop(job)
 
@@ -178,18 +183,18 @@ def _release(writer: Any, job: Job, *, refund_attempt: bool = False) -> None:
         logger.warning("job %s: lease not given back (%s); it expires by itself", job.id, exc)
 
 
-def _store(writer: Any, job: Job, result: JobResult) -> bool:
+def _store(writer: Any, job: Job, result: JobResult) -> Optional[JobResult]:
     """Store the result (and enrichment) through the committer; a result the database refuses
     for good (not transiently) is replaced by a failure naming why, so the job never stays
-    ``running``."""
+    ``running``. Returns the result stored, or None when the claim was stale (nothing stored)."""
     try:
-        return writer.finish(job, result)
+        return result if writer.finish(job, result) else None
     except DatabaseUnavailable:
         raise
     except Exception as exc:
         logger.exception("job %s: the database refused its result", job.id)
         failure = JobResult.failure(f"result not stored: {type(exc).__name__}: {_first_line(exc)}")
-        return writer.finish(job, failure)
+        return failure if writer.finish(job, failure) else None
 
 
 def _first_line(exc: BaseException) -> str:

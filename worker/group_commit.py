@@ -109,6 +109,9 @@ class GroupCommitter:
         max_wait_s: how long a group waits for more operations after its first, seconds.
         is_stopping: True once the worker's shutdown grace period is over (pending operations
             then fail instead of waiting out a database outage).
+        write_latency_s: a histogram labelled by ``lane`` (``claim``, ``finish``; a
+            prometheus-client ``Histogram``) that gets each committed transaction's duration,
+            seconds; None: none kept.
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class GroupCommitter:
         max_jobs: int = 256,
         max_wait_s: float = 0.005,
         is_stopping: Callable[[], bool] = lambda: False,
+        write_latency_s: Any = None,
     ) -> None:
         self.session_factory = session_factory
         self.worker = worker
@@ -135,6 +139,8 @@ class GroupCommitter:
         self.max_jobs = max_jobs
         self.max_wait_s = max_wait_s
         self.is_stopping = is_stopping
+        self._write_latency_s = None if write_latency_s is None else {
+            lane: write_latency_s.labels(lane) for lane in ("claim", "finish")}
         self._stats_lock = threading.Lock()
         self.num_transactions = 0
         self.num_ops = 0
@@ -268,10 +274,13 @@ class GroupCommitter:
         """Run one group in one transaction; the answers in the group's order."""
         started = time.monotonic()
         answers = self._write(group)
+        elapsed_s = time.monotonic() - started
         with self._stats_lock:
-            self.busy_s += time.monotonic() - started
+            self.busy_s += elapsed_s
             self.num_transactions += 1
             self.num_ops += len(group)
+        if self._write_latency_s is not None:  # a lane's groups are all claims, or all results and releases
+            self._write_latency_s["claim" if group[0].kind == "claim" else "finish"].observe(elapsed_s)
         return answers
 
     def _write(self, group: list[_Op]) -> list[Any]:

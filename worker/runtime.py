@@ -20,6 +20,7 @@ from weir.jobs.model_info import too_long_for_output
 from weir.jobs.schemas import GenerateRequest, JobRequest, parse_request
 from weir.jobs.store import JobResult, parse_json_output
 from weir.config import Settings, get_settings
+from weir.worker.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,9 @@ class EngineFailed(RuntimeError):
 
 
 class WorkerRuntime:
-    """Owns one process's ``engine.LLM``, its ``EngineFront``, and a database session factory.
+    """Owns one process's ``engine.LLM``, its ``EngineFront``, a database session factory and its
+    :class:`weir.worker.metrics.WorkerMetrics` (a registry of its own; served on
+    ``WEIR_METRICS_PORT`` when set, which also attaches the engine's stat logger).
 
     Invariant: between :meth:`start` and :meth:`shutdown` the front accepts requests; after
     :meth:`shutdown` returns every submitted request has finished (drain) or failed. Every request
@@ -83,22 +86,60 @@ class WorkerRuntime:
         self._heartbeat_stop = threading.Event()
         self.engine_failed = False
         self._watchdog_s = settings.database.statement_timeout_s + 5.0
+        self.metrics = WorkerMetrics()
+        self._log_stats: Optional[threading.Thread] = None
 
     @property
     def model_name(self) -> str:
         return self.llm.model_name
 
     def start(self) -> None:
-        """Load the model and start the engine's step loop.
+        """Serve the metrics (``WEIR_METRICS_PORT``), load the model, start the engine's step loop
+        and the periodic stats line (``WEIR_LOG_STATS_INTERVAL_S``).
 
         Raises:
-            FileNotFoundError, ValueError: the model or an engine argument is unusable.
+            FileNotFoundError, ValueError: the model or an engine argument is unusable, or the
+                metrics port cannot be listened on (checked first, before the model loads).
         """
         from weir.engine import LLM, EngineFront
+        from weir.worker.metrics import attach
 
-        self.llm = LLM(**self.settings.engine_args())
+        settings = self.settings.worker
+        if settings.metrics_port:
+            self.metrics.serve(settings.metrics_port)
+            if settings.broker_url:
+                self._watch_queues()
+        try:
+            self.llm = LLM(**self.settings.engine_args())
+        except BaseException:
+            self.metrics.close()
+            raise
+        if settings.metrics_port:
+            attach(self.metrics, self.llm)
         self.front = EngineFront(self.llm)
         logger.info("engine ready: model %s, max_model_len %d", self.llm.model_name, self.llm.max_model_len)
+        if settings.log_stats_interval_s:
+            self._log_stats = threading.Thread(target=self._log_stats_loop, args=(settings.log_stats_interval_s,),
+                                               name="weir-log-stats", daemon=True)
+            self._log_stats.start()
+
+    def _watch_queues(self) -> None:
+        """Report the depth of the model's queue and its control queue at each scrape."""
+        from weir.jobs import names
+        from weir.jobs.client import num_waiting_messages
+        from weir.worker.app import app, model_queue
+
+        queue = model_queue(self.settings)
+        self.metrics.watch_queues(lambda q: num_waiting_messages(app, q, timeout_s=2.0),
+                                  [queue, names.control_queue(queue)])
+
+    def _log_stats_loop(self, interval_s: float) -> None:
+        """vLLM's periodic line (:class:`weir.engine.stats.LoggingStatLogger`) until shutdown."""
+        from weir.engine.stats import LoggingStatLogger
+
+        stat_logger = LoggingStatLogger(self.front.stats)
+        while not self._heartbeat_stop.wait(interval_s):
+            stat_logger.log()
 
     def writer(self, worker_name: str):
         """This process's :class:`weir.worker.group_commit.GroupCommitter` (made on first use, with
@@ -115,7 +156,7 @@ class WorkerRuntime:
                     retry_timeout_s=settings.db_retry_timeout_s,
                     statement_timeout_s=self.settings.database.statement_timeout_s,
                     max_jobs=settings.commit_max_jobs, max_wait_s=settings.commit_max_wait_s,
-                    is_stopping=lambda: self._grace_over,
+                    is_stopping=lambda: self._grace_over, write_latency_s=self.metrics.db_write_latency,
                 )
                 self._heartbeat = threading.Thread(target=self._renew_leases, name="weir-leases", daemon=True)
                 self._heartbeat.start()
@@ -210,6 +251,7 @@ class WorkerRuntime:
             logger.warning("database writes: %d operations in %d transactions, %.1f s in the database",
                            committer.num_ops, committer.num_transactions, committer.busy_s)
         self.db_engine.dispose()
+        self.metrics.close()
 
     def _engine_step_failed(self, exc: Exception) -> None:
         """A step failed with a job in flight; past ``WEIR_MAX_ENGINE_FAILURES`` in a row, stop

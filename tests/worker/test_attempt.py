@@ -120,8 +120,9 @@ def test_a_result_the_database_refuses_for_good_becomes_a_failure_not_a_running_
         writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
                                 model_name=lambda: "tiny", retry_timeout_s=5)
         # finish_reason is VARCHAR(16): Postgres refuses this value, and would every time.
-        assert attempt._store(writer, job, JobResult(status=JobStatus.SUCCEEDED, output_text="x",
-                                                     finish_reason="a-reason-far-too-long")) is True
+        stored_result = attempt._store(writer, job, JobResult(status=JobStatus.SUCCEEDED, output_text="x",
+                                                              finish_reason="a-reason-far-too-long"))
+        assert stored_result.status == JobStatus.FAILED  # what weir:jobs_total counts
         writer.close()
         with session_factory() as session:
             stored = store.list_jobs(session, job.batch_id)[0]

@@ -84,6 +84,16 @@ def test_depends_on_waits_for_health_or_completion(compose):
     assert found == expected
 
 
+def test_worker_publishes_its_metrics_port(compose):
+    worker = compose["services"]["worker"]
+    port = int(worker["environment"]["WEIR_METRICS_PORT"])
+    published = [spec.rsplit(":", 1)[1] for spec in worker["ports"]]
+    assert WorkerSettings(metrics_port=port).metrics_port == port  # a valid setting, not "off"
+    assert port > 0 and published == [str(port)]
+    for name in ("migrate", "beat"):  # only the worker serves metrics
+        assert "WEIR_METRICS_PORT" not in compose["services"][name]["environment"]
+
+
 def test_worker_grace_period_outlasts_the_shutdown_timeout(compose):
     worker = compose["services"]["worker"]
     shutdown_timeout_s = float(worker["environment"].get(
