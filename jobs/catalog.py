@@ -14,6 +14,7 @@ cache serves it.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 from collections import Counter
@@ -180,7 +181,7 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
 
 
 def classify_request(product: Product, catalog: Catalog, exemplars: Optional[list[Labelled]] = None,
-                     calibrate: Optional[bool] = None) -> ClassifyRequest:
+                     calibrate: Optional[bool] = None, fingerprint: Optional[str] = None) -> ClassifyRequest:
     """The classification job of one product: each label scored as the completion of the
     product's catalog line.
 
@@ -202,7 +203,7 @@ def classify_request(product: Product, catalog: Catalog, exemplars: Optional[lis
         label_texts=[label_text(label, hints.get(label, [])) for label in labels],
         calibration_prompt=classify_prompt(spec, "N/A", shots) if calibrate else None,
         metadata={"product_id": product.product_id},
-        enrichment=Enrichment(catalog=catalog_key(catalog), product_id=product.product_id),
+        enrichment=Enrichment(catalog=catalog_key(catalog), product_id=product.product_id, fingerprint=fingerprint),
     )
 
 
@@ -214,7 +215,7 @@ def describe_prompt(spec: JobSpec, product: Product) -> str:
     return "\n".join(lines) or product.name
 
 
-def describe_request(product: Product, spec: JobSpec, catalog: str) -> GenerateRequest:
+def describe_request(product: Product, spec: JobSpec, catalog: str, fingerprint: Optional[str] = None) -> GenerateRequest:
     """The description job of one product of ``catalog`` (its :func:`catalog_key`): the spec's
     system prompt and sampling parameters (any ``SamplingParams`` field: stop strings, penalties)."""
     return GenerateRequest(
@@ -222,12 +223,12 @@ def describe_request(product: Product, spec: JobSpec, catalog: str) -> GenerateR
         system_prompt=spec.describe.system_prompt.format(shop=spec.domain.shop),
         prompt=describe_prompt(spec, product),
         metadata={"product_id": product.product_id},
-        enrichment=Enrichment(catalog=catalog, product_id=product.product_id),
+        enrichment=Enrichment(catalog=catalog, product_id=product.product_id, fingerprint=fingerprint),
         **spec.describe.sampling,
     )
 
 
-def extract_request(product: Product, spec: JobSpec, catalog: str) -> GenerateRequest:
+def extract_request(product: Product, spec: JobSpec, catalog: str, fingerprint: Optional[str] = None) -> GenerateRequest:
     """The attribute extraction job of one product of ``catalog`` (its :func:`catalog_key`): chat
     messages (:func:`weir.jobs.extraction.extraction_messages`) and the spec's ``[extract]``
     sampling, the output constrained to ``spec.extract.schema`` (``structured_outputs.json``, no
@@ -238,14 +239,15 @@ def extract_request(product: Product, spec: JobSpec, catalog: str) -> GenerateRe
         custom_id=f"{product.product_id}/attributes",
         prompt=extraction_messages(extract, spec.domain.shop, product.name, product.description),
         metadata={"product_id": product.product_id},
-        enrichment=Enrichment(catalog=catalog, product_id=product.product_id, field="attributes"),
+        enrichment=Enrichment(catalog=catalog, product_id=product.product_id, field="attributes",
+                              fingerprint=fingerprint),
         structured_outputs={"json": extract.schema, "disable_any_whitespace": True},
         **extract.sampling,
     )
 
 
-def product_requests(product: Product, catalog: Catalog,
-                     index: Optional[ExemplarIndex] = None) -> list[JobRequest]:
+def product_requests(product: Product, catalog: Catalog, index: Optional[ExemplarIndex] = None,
+                     fingerprint: Optional[str] = None) -> list[JobRequest]:
     """The jobs of one product: classify it into the catalog's labels, describe it, and (when the
     spec names ``[extract.fields]``) extract its attributes.
 
@@ -254,16 +256,18 @@ def product_requests(product: Product, catalog: Catalog,
 
     ``custom_id`` is ``<product_id>/category``, ``<product_id>/description`` and
     ``<product_id>/attributes``; each carries ``metadata["product_id"]`` and is marked as enrichment
-    of (:func:`catalog_key`, product id), so the worker fills that product's row of that catalog.
+    of (:func:`catalog_key`, product id), so the worker fills that product's row of that catalog,
+    with ``fingerprint`` (:func:`product_fingerprint`) beside each field it fills.
     """
     spec = catalog.spec
     shots = None
     if index is not None and spec.classify.method == "exemplars":
         shots = index.nearest(product.product_id, product.name, product.brand, spec.classify.num_exemplars)
     key = catalog_key(catalog)
-    requests: list[JobRequest] = [classify_request(product, catalog, shots), describe_request(product, spec, key)]
+    requests: list[JobRequest] = [classify_request(product, catalog, shots, fingerprint=fingerprint),
+                                  describe_request(product, spec, key, fingerprint)]
     if spec.extract.enabled:
-        requests.append(extract_request(product, spec, key))
+        requests.append(extract_request(product, spec, key, fingerprint))
     return requests
 
 
@@ -279,14 +283,77 @@ def exemplar_index(catalog: Catalog) -> Optional[ExemplarIndex]:
     return ExemplarIndex(catalog.pool)
 
 
-def catalog_requests(catalog: Catalog) -> list[JobRequest]:
-    """Every product's requests (:func:`product_requests`), product by product."""
+def catalog_requests(catalog: Catalog, plan: Optional["EnrichmentPlan"] = None) -> list[JobRequest]:
+    """The requests (:func:`product_requests`) of every product, or of ``plan``'s products to
+    enrich with their fingerprints, product by product."""
     index = exemplar_index(catalog)
-    return [r for product in catalog.products for r in product_requests(product, catalog, index)]
+    if plan is None:
+        return [r for product in catalog.products for r in product_requests(product, catalog, index)]
+    return [r for product in plan.todo
+            for r in product_requests(product, catalog, index, plan.fingerprints[product.product_id])]
+
+
+def spec_version(spec: JobSpec) -> str:
+    """A hash of everything in ``spec`` that shapes the jobs (its file's path left out), hex."""
+    fields = dataclasses.asdict(dataclasses.replace(spec, path=None))
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def product_fingerprint(product: Product, spec: JobSpec, model: str) -> str:
+    """What a product's enrichment is made from: a hash (64 hex digits) of its content (every
+    :class:`Product` field), :func:`spec_version` of the job spec and the model's name."""
+    content = [dataclasses.astuple(product), spec_version(spec), model]
+    return hashlib.sha256(json.dumps(content, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class EnrichmentPlan:
+    """Which products an incremental run enriches (``todo``, in catalog order)
+    and why. ``new``: no fingerprint stored for it; ``changed``: a field was made from other
+    content, spec or model, or is missing (a failed or never finished job); ``unchanged``:
+    every field the spec fills carries the product's current fingerprint (skipped, unless
+    ``full``)."""
+
+    todo: list[Product]
+    fingerprints: dict[str, str]
+    num_new: int
+    num_changed: int
+    num_unchanged: int
+    full: bool = False
+
+
+def plan_enrichment(session_factory: Any, catalog: Catalog, model: str, *, full: bool = False) -> EnrichmentPlan:
+    """Compare each product's :func:`product_fingerprint` with those stored beside its fields in
+    ``product_enrichment`` (one query for the catalog) and plan the run.
+
+    Args:
+        session_factory: the results database's (``Client.session_factory``).
+        model: the name the workers' model is known by (``Client.model``).
+        full: enrich every product whatever is stored (``weir enrich --full``).
+    """
+    from weir.jobs.store import enrichment_fingerprints
+
+    with session_factory() as session:
+        stored = enrichment_fingerprints(session, catalog_key(catalog))
+    wanted = 3 if catalog.spec.extract.enabled else 2  # category, description[, attributes]
+    todo, fingerprints = [], {}
+    num_new = num_changed = 0
+    for product in catalog.products:
+        fingerprint = fingerprints[product.product_id] = product_fingerprint(product, catalog.spec, model)
+        have = stored.get(product.product_id)
+        if have is None or not any(have):
+            num_new += 1
+        elif any(fp != fingerprint for fp in have[:wanted]):
+            num_changed += 1
+        elif not full:
+            continue
+        todo.append(product)
+    num_unchanged = len(catalog.products) - num_new - num_changed
+    return EnrichmentPlan(todo, fingerprints, num_new, num_changed, num_unchanged, full)
 
 
 def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None,
-                    priority: int = BULK_PRIORITY) -> Any:
+                    priority: int = BULK_PRIORITY, plan: Optional[EnrichmentPlan] = None) -> Any:
     """Enqueue one enrichment batch for ``catalog`` through a :class:`weir.jobs.client.Client`.
 
     Args:
@@ -294,19 +361,24 @@ def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[
             returned (the nightly run's catalog and slot).
         priority: the batch's priority (``Client.enqueue_batch``'s); bulk by default, so that
             jobs enqueued one by one run first.
+        plan: enqueue only its products, with their fingerprints (:func:`plan_enrichment`);
+            None: every product, without fingerprints.
 
     Returns:
-        The batch id.
+        The batch id, or None when ``plan`` has nothing to enrich (nothing is enqueued).
 
     Raises:
         ValueError: two products share an id (their custom_ids collide); nothing was stored.
     """
+    requests = catalog_requests(catalog, plan)
+    if not requests:
+        return None
     return client.enqueue_batch(
-        catalog_requests(catalog),
+        requests,
         metadata={
             "kind": "catalog_enrichment",
             "catalog": catalog.path,
-            "num_products": len(catalog.products),
+            "num_products": len(catalog.products) if plan is None else len(plan.todo),
             "labels": catalog.labels,
         },
         idempotency_key=idempotency_key,
@@ -338,6 +410,8 @@ class EnrichmentSummary:
     num_extracted: int = 0
     num_attributes_valid: int = 0
     num_attributes_cut: int = 0
+    plan: Optional["EnrichmentPlan"] = None
+    num_failed_products: int = 0
 
     @property
     def clean_rate(self) -> Optional[float]:
@@ -349,9 +423,15 @@ class EnrichmentSummary:
             return "n/a" if x is None else f"{100 * x:.1f} %"
 
         rate = "n/a" if self.generated_tokens_per_s is None else f"{self.generated_tokens_per_s:.1f}"
+        products = f"{self.num_products}"
+        if self.plan is not None:
+            products = (f"{len(self.plan.todo)} enriched of {self.num_products} ({self.plan.num_new} new, "
+                        f"{self.plan.num_changed} changed, {self.plan.num_unchanged} unchanged"
+                        f"{' but redone (--full)' if self.plan.full else ' skipped'}, "
+                        f"{self.num_failed_products} failed)")
         return "\n".join(
             [
-                f"products:            {self.num_products}",
+                f"products:            {products}",
                 f"jobs:                {self.num_succeeded} succeeded, {self.num_failed} failed",
                 f"wall time:           {self.wall_s:.1f} s",
                 f"generated tokens:    {self.num_generated_tokens} ({rate} tokens/s)",
@@ -365,14 +445,17 @@ class EnrichmentSummary:
         )
 
 
-def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float) -> EnrichmentSummary:
+def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float,
+              plan: Optional[EnrichmentPlan] = None) -> EnrichmentSummary:
     """Summarize a finished enrichment batch.
 
     Args:
         catalog: the catalog the batch was built from (its categories are the ground truth).
         results: the batch's rows as :meth:`weir.jobs.client.Client.results` returns them.
         wall_s: seconds from enqueue to the batch's end.
+        plan: the incremental run's plan (new, changed, unchanged products), when there was one.
 
+    ``num_failed_products`` counts the products with a job that did not succeed.
     Accuracy counts succeeded classification jobs of products that have a catalog category (at
     the spec's taxonomy level) whose label equals it; the majority baseline is the share of the
     most common category among those products. Description quality counts each succeeded
@@ -412,4 +495,6 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         num_extracted=len(extracted),
         num_attributes_valid=sum(r["parsed"] is not None for r in extracted),
         num_attributes_cut=sum(r["finish_reason"] == "length" for r in extracted),
+        plan=plan,
+        num_failed_products=len({str(r["metadata"].get("product_id")) for r in results if r["status"] != "succeeded"}),
     )

@@ -254,6 +254,12 @@ class ProductEnrichment(Base):
     quality: Mapped[Optional[str]] = mapped_column(String(32))
     """The description's check (:func:`weir.jobs.quality.description_quality`): ``ok``, or its
     flags; never publish a description whose quality is not ``ok`` unread."""
+    category_fingerprint: Mapped[Optional[str]] = mapped_column(String(64))
+    description_fingerprint: Mapped[Optional[str]] = mapped_column(String(64))
+    attributes_fingerprint: Mapped[Optional[str]] = mapped_column(String(64))
+    """Each field's source: the :func:`weir.jobs.catalog.product_fingerprint` (product content, job
+    spec, model) of the job that wrote it; an incremental ``weir enrich`` skips a product whose
+    fields all carry its current fingerprint."""
     attributes: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
     """The attribute extraction's answer (the job spec's ``[extract]`` schema: every field, null
     where the listing does not say), valid against that schema; null when the extraction did not

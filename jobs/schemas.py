@@ -128,6 +128,10 @@ class Enrichment(BaseModel):
     catalog: str = Field(min_length=1, max_length=MAX_CATALOG_CHARS)
     product_id: str = Field(min_length=1, max_length=MAX_PRODUCT_ID_CHARS)
     field: Optional[Literal["category", "description", "attributes"]] = None
+    fingerprint: Optional[str] = Field(None, min_length=1, max_length=64)
+    """What the result was made from (the catalog job's :func:`weir.jobs.catalog.product_fingerprint`
+    of the product's content, the job spec and the model), stored beside the field it fills so that
+    an incremental run skips the products it has already enriched."""
 
 
 class _JobRequest(BaseModel):

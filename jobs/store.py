@@ -47,6 +47,7 @@ from weir.jobs.db import (
     Job,
     JobKind,
     JobStatus,
+    ProductEnrichment,
     utcnow,
 )
 from weir.jobs.quality import description_quality
@@ -744,14 +745,19 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     # One row per product and field set: a statement may not touch a row twice.
     merged: dict[tuple[str, str, tuple[str, ...]], dict[str, Any]] = {}
     for job, result in wanted:
+        target = job.request["enrichment"]
         if job.kind == JobKind.CLASSIFY:
             fields = {"category": result.label,
                       "category_confidence": (result.label_probs or {}).get(result.label)}
-        elif job.request["enrichment"].get("field") == "attributes":
-            fields = {"attributes": result.parsed}
+            name = "category"
+        elif target.get("field") == "attributes":
+            fields, name = {"attributes": result.parsed}, "attributes"
         else:
             fields = {"description": result.output_text,
                       "quality": description_quality(result.output_text)}
+            name = "description"
+        if target.get("fingerprint") is not None:
+            fields[f"{name}_fingerprint"] = target["fingerprint"]
         catalog, product_id = enrichment_target(job)
         row = dict(catalog=catalog, product_id=product_id, model=model, source_batch_id=job.batch_id,
                    source_batch_created_at=created.get(job.batch_id), updated_at=now, **fields)
@@ -772,7 +778,18 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
 
 
 _ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text", "quality": "text",
-                 "attributes": "json"}
+                 "attributes": "json", "category_fingerprint": "text", "description_fingerprint": "text",
+                 "attributes_fingerprint": "text"}
+
+
+def enrichment_fingerprints(session: Session, catalog: str) -> dict[str, tuple[Optional[str], ...]]:
+    """Product id -> (category, description, attributes) fingerprints of ``catalog``'s
+    ``product_enrichment`` rows (None where a field was never written with one)."""
+    rows = session.execute(select(
+        ProductEnrichment.product_id, ProductEnrichment.category_fingerprint,
+        ProductEnrichment.description_fingerprint, ProductEnrichment.attributes_fingerprint,
+    ).where(ProductEnrichment.catalog == catalog))
+    return {product_id: tuple(fps) for product_id, *fps in rows}
 
 
 @functools.lru_cache(maxsize=None)

@@ -131,6 +131,21 @@ def _warn_if_nothing_consumes(client: Any, idle_s: float) -> None:
           "or WEIR_QUEUE); still waiting", file=sys.stderr)
 
 
+def _plan(settings: Settings, catalog: Any, full: bool) -> Any:
+    """The incremental run's plan (:func:`weir.jobs.catalog.plan_enrichment`), read before any
+    worker or model starts."""
+    from weir.jobs import names
+    from weir.jobs.catalog import plan_enrichment
+    from weir.jobs.db import engine_for, make_session_factory
+
+    engine = engine_for(settings.database)
+    try:
+        return plan_enrichment(make_session_factory(engine), catalog, names.model_name(settings.engine.model),
+                               full=full)
+    finally:
+        engine.dispose()
+
+
 def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
     import dataclasses
@@ -166,7 +181,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     def run(client: Client) -> int:
         client.prompt_checker  # load the tokenizer before the clock starts
         started = time.monotonic()
-        batch_id = enqueue_catalog(client, catalog)
+        batch_id = enqueue_catalog(client, catalog, plan=plan)
         num_jobs = client.batch_status(batch_id).num_jobs
         print(f"batch {batch_id}: {num_jobs} jobs on queue {client.queue}", file=sys.stderr)
         idle_s = args.idle_warning_s if settings.worker.broker_url and args.idle_warning_s > 0 else None
@@ -182,7 +197,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
                 print(f"weir enrich: interrupted; batch {batch_id} goes on in the workers "
                       f"(`weir cancel {batch_id}` stops it)", file=sys.stderr)
             raise
-        summary = summarize(catalog, client.results(batch_id), time.monotonic() - started)
+        summary = summarize(catalog, client.results(batch_id), time.monotonic() - started, plan)
         print(summary.format())
         return EXIT_OK if final.num_failed == 0 else EXIT_FAILED
 
@@ -190,6 +205,11 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     if problem:
         print(f"weir enrich: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    plan = _plan(settings, catalog, args.full)
+    if not plan.todo:
+        print(f"weir enrich: nothing to enrich: all {plan.num_unchanged} products are unchanged since their "
+              "last enrichment (same content, job spec and model); --full redoes them")
+        return EXIT_OK
     if settings.worker.broker_url:
         client = Client(settings)
         try:
@@ -370,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     enrich = command("enrich", "classify and describe every product of a catalog CSV; print a summary")
     enrich.add_argument("catalog", help="catalog CSV file (header row; columns as the spec names them)")
     enrich.add_argument("--limit", type=int, default=None, help="the first N products only")
+    enrich.add_argument("--full", action="store_true",
+                        help="enrich every product; by default a product whose content, job spec and model are "
+                             "unchanged since its last enrichment is skipped")
     enrich.add_argument("--spec", default=None,
                         help="job spec (TOML file, or a shipped spec: bigbasket, flipkart); default: "
                              "columns index, product, brand, description, category")

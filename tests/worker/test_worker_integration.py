@@ -140,8 +140,26 @@ def test_a_second_nightly_beat_for_the_same_slot_enqueues_nothing(start_worker, 
     with client.session_factory() as session:
         [key] = session.scalars(select(Batch.idempotency_key).where(Batch.meta["catalog"].as_string() == str(catalog)))
     assert key == f"catalog:{catalog}@{slot}"
-    client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog), "2026-12-02T02:00:00+00:00"], queue=control)
-    wait_until(lambda: num_batches() == 2, timeout_s=60, what="the next night's batch")
+    with client.session_factory() as session:
+        [first] = session.scalars(select(Batch.id).where(Batch.meta["catalog"].as_string() == str(catalog)))
+    client.wait(first, timeout_s=120)
+    # the next night: nothing changed, so nothing is enqueued (incremental)
+    night = "2026-12-02T02:00:00+00:00"
+    client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog), night], queue=control)
+    wait_until(lambda: f"slot {night}: enrichment batch none, nothing to enrich (0 new, 0 changed, 1 unchanged"
+               in worker.log(), timeout_s=60, what="the unchanged night")
+    assert num_batches() == 1
+    # a product changed: the night after enqueues its jobs alone
+    catalog.write_text("index,product,category,brand,description\r\n1,Green Tea,Beverages,Leafy,A new tea.\r\n"
+                       "2,Soap Bar,Beauty,Clean,\r\n", encoding="utf-8")
+    client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog), "2026-12-03T02:00:00+00:00"], queue=control)
+
+    def sizes():
+        with client.session_factory() as session:
+            return sorted(session.scalars(select(Batch.num_jobs).where(Batch.meta["catalog"].as_string() == str(catalog))))
+
+    wait_until(lambda: sizes() == [2, 4], timeout_s=60, what="the next night's batch of the two changed products")
+    assert num_batches() == 2
 
 
 def test_a_job_with_every_kind_of_sampling_field_stores_what_the_engine_returns(start_worker, client, worker_env):
