@@ -18,7 +18,7 @@ from tests.worker.conftest import REPO_ROOT
 from weir.cli import build_parser, cmd_health
 from weir.config import WorkerSettings
 
-LONG_RUNNING = {"redis", "postgres", "worker", "beat"}
+LONG_RUNNING = {"redis", "postgres", "worker", "worker-gpu1", "beat"}
 ONE_SHOT = {"migrate"}
 # A Redis database of the test server that no other test's worker uses, so that "any weir worker
 # on this host" sees only the workers these tests start.
@@ -82,6 +82,22 @@ def test_depends_on_waits_for_health_or_completion(compose):
     found = {name: {dep: spec["condition"] for dep, spec in service["depends_on"].items()}
              for name, service in services.items() if "depends_on" in service}
     assert found == expected
+
+
+def test_one_worker_per_gpu_each_pinned_to_its_own_device(compose):
+    """``worker`` takes device 0 and ``worker-gpu1`` (profile ``gpu1``) device 1: the same
+    service otherwise, each with its own host port for its metrics."""
+    workers = {name: compose["services"][name] for name in ("worker", "worker-gpu1")}
+    devices = {name: w["deploy"]["resources"]["reservations"]["devices"] for name, w in workers.items()}
+    assert {name: [d["device_ids"] for d in ds] for name, ds in devices.items()} == {
+        "worker": [["0"]], "worker-gpu1": [["1"]]}
+    assert all("count" not in d for ds in devices.values() for d in ds)  # pinned, not "any one GPU"
+    assert "profiles" not in workers["worker"] and workers["worker-gpu1"]["profiles"] == ["gpu1"]
+    strip = {"deploy", "ports", "profiles"}
+    assert ({k: v for k, v in workers["worker"].items() if k not in strip}
+            == {k: v for k, v in workers["worker-gpu1"].items() if k not in strip})
+    host_ports = [spec.split(":")[0] for w in workers.values() for spec in w["ports"]]
+    assert len(set(host_ports)) == 2
 
 
 def test_worker_publishes_its_metrics_port(compose):
