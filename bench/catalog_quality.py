@@ -21,7 +21,7 @@ Description configurations: ``spec`` (the spec's sampling), ``none`` (no stop, n
 before), ``stop`` (stop at a newline), ``rpX`` (stop and repetition_penalty X), ``fpX`` (stop and
 frequency_penalty X), ``sent`` (stop at a newline or the first sentence end ". ", "! ", "? ",
 kept in the text, max_tokens 96), ``sentrpX`` (the same with repetition_penalty X); any of them
-followed by ``:key=value`` overrides (``spec:fp=0.3:min=4``: ``fp`` frequency_penalty, ``pp``
+followed by ``:key=value`` overrides, after any ``+NAME`` (``spec:fp=0.3:min=4``: ``fp`` frequency_penalty, ``pp``
 presence_penalty, ``rp`` repetition_penalty, ``min`` min_tokens, ``max`` max_tokens, ``t``
 temperature, ``stop`` one of :data:`STOP_SETS`). ``CONFIG+NAME`` replaces the user turn with
 :data:`USER_PROMPTS` ``NAME``. Each reports the share of descriptions whose quality is ``ok``
@@ -88,6 +88,14 @@ USER_PROMPTS = {
     "page": "Write one sentence for the product page of the {name}.\nThe brand is {brand}.",
     "own": "Product: {name}\nBrand: {brand}\n\nIn one full sentence, in your own words, tell a shopper "
            "what this product is and why they would want it.",
+    "this": "Product: {name}\nBrand: {brand}\n\nIn one full sentence that starts with the word This, tell a "
+            "shopper what this product is and why they would want it.",
+    "sentence": "Product: {name}\nBrand: {brand}\n\nWrite one full sentence, not a title, that tells a shopper "
+                "what this product is and why they would want it.",
+    "called": "The product is called {name}.\nIts brand is {brand}.\n\nIn one full sentence, in your own words, "
+              "tell a shopper what it is and why they would want it.",
+    "tell": "In one full sentence, in your own words, tell a shopper what the {name} is and why they would "
+            "want it.\nIts brand is {brand}.",
 }
 """User-turn variants (``CONFIG+NAME``); a listing of the fields alone invites the model to echo them."""
 
@@ -209,12 +217,12 @@ def main(argv=None):
     described = products[:args.num_describe or len(products)]
     rng = random.Random(args.seed)
     for name in filter(None, args.describe.split(",")):
-        name, _, prompt_name = name.partition("+")
+        head, colon, overrides = name.partition(":")
+        config, _, prompt_name = head.partition("+")
         user = USER_PROMPTS[prompt_name] if prompt_name else spec.describe.user_prompt
         described_spec = dataclasses.replace(spec, describe=dataclasses.replace(spec.describe, user_prompt=user))
         reqs = [describe_request(p, described_spec, catalog_key(catalog)) for p in described]
-        sampling = describe_config(spec, name)
-        name = f"{name}+{prompt_name}" if prompt_name else name
+        sampling = describe_config(spec, config + colon + overrides)
         llm.reset_prefix_cache()
         t = time.perf_counter()
         outs = llm.generate([r.engine_prompt() for r in reqs], SamplingParams(**sampling))
