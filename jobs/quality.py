@@ -24,8 +24,11 @@ _SENTENCE_END = re.compile(r"[.!?\u3002\u0964][\"'\u201d\u2019)\]]*$")  # . ! ? 
 ABBREVIATIONS = ("Mr", "Mrs", "Ms", "Dr", "Prof", "St", "No", "Nos", "Rs", "Vol", "vs", "e.g", "i.e", "approx",
                  "incl", "Pvt")
 """Abbreviations whose full stop does not end a sentence (a title, "No. 5", "Rs. 99", "e.g."): text
-ending with one was cut by a ". " stop string inside its sentence. Case-sensitive ("say no." ends)."""
-_ABBREVIATION_END = re.compile(r"(?:^|[^\w.])(?:" + "|".join(re.escape(a) for a in ABBREVIATIONS) + r")\.$")
+ending with one, or with initials ("S.C.", "S.S."), was cut by a ". " stop string inside its
+sentence. Case-sensitive ("say no." ends). A sentence that really ends with initials ("the U.S.")
+is flagged too: it is rare in a product description, and a flag only asks for a reading."""
+_ABBREVIATION_END = re.compile(r"(?:^|[^\w.])(?:(?:" + "|".join(re.escape(a) for a in ABBREVIATIONS)
+                               + r")\.|(?:\w\.){2,})$")
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -49,7 +52,7 @@ def description_quality(text: Optional[str]) -> str:
         (or ``\u3002``, ``\u0964``), optionally followed by closing quotes or brackets: text cut
         by ``max_tokens`` mid-sentence ends this way, and so does a heading line, such as the
         product's title, before the sentence; or the text ends with one of
-        :data:`ABBREVIATIONS`, cut inside its sentence) and
+        :data:`ABBREVIATIONS` or with initials, cut inside its sentence) and
         ``"repetitive"`` (some word 4-gram occurs three times or more).
     """
     text = (text or "").strip()

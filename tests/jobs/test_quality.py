@@ -26,6 +26,8 @@ from weir.jobs.quality import description_quality, repeated_ngram
     ("The Prestige pressure cooker Model No.", "unfinished"),
     ("A steel bottle (e.g.", "unfinished"),
     ("A pack of six for Rs.", "unfinished"),
+    ("S.C.", "unfinished"),
+    ("The Cookart Elegant S.S.", "unfinished"),
     ("Say no.", "ok"),
     ("Made by Shree Foods Pvt. Ltd.", "ok"),
     ("Rich in vitamin C.", "ok"),
