@@ -92,12 +92,9 @@ USER_PROMPTS = {
             "shopper what this product is and why they would want it.",
     "sentence": "Product: {name}\nBrand: {brand}\n\nWrite one full sentence, not a title, that tells a shopper "
                 "what this product is and why they would want it.",
-    "called": "The product is called {name}.\nIts brand is {brand}.\n\nIn one full sentence, in your own words, "
-              "tell a shopper what it is and why they would want it.",
-    "tell": "In one full sentence, in your own words, tell a shopper what the {name} is and why they would "
-            "want it.\nIts brand is {brand}.",
 }
-"""User-turn variants (``CONFIG+NAME``); a listing of the fields alone invites the model to echo them."""
+"""User-turn variants (``CONFIG+NAME``; ``ask`` is the job's before, ``sentence`` its own now); a
+listing of the fields alone invites the model to echo them."""
 
 SENTENCE_STOPS = ["\n", ". ", "! ", "? "]
 
