@@ -5,7 +5,7 @@ Usage::
 
     python -m bench.catalog_quality CATALOG.csv --spec bigbasket --limit 1000 \
         [--classify zero_shot,knn,exemplars,exemplars_cal] [--describe spec,none,stop,rp1.1,...] \
-        [--num-describe 200] [--show 10] [--json out.json]
+        [--start 0] [--num-describe 200] [--show 10] [--flagged] [--json out.json]
 
 Classification alternatives (labels and ground truth: the spec's taxonomy level of the catalog's
 own column; exemplars come from the leave-one-out pool of the whole file, :mod:`weir.jobs.exemplars`):
@@ -20,9 +20,13 @@ own column; exemplars come from the leave-one-out pool of the whole file, :mod:`
 Description configurations: ``spec`` (the spec's sampling), ``none`` (no stop, no penalty: the job
 before), ``stop`` (stop at a newline), ``rpX`` (stop and repetition_penalty X), ``fpX`` (stop and
 frequency_penalty X), ``sent`` (stop at a newline or the first sentence end ". ", "! ", "? ",
-kept in the text, max_tokens 96), ``sentrpX`` (the same with repetition_penalty X); ``CONFIG+ask``
-ends the user turn with the request for one sentence. Each reports the share of descriptions whose quality is ``ok``
-(:func:`weir.jobs.quality.description_quality`), the flags, mean tokens, time per product.
+kept in the text, max_tokens 96), ``sentrpX`` (the same with repetition_penalty X); any of them
+followed by ``:key=value`` overrides, after any ``+NAME`` (``spec:fp=0.3:min=4``: ``fp`` frequency_penalty, ``pp``
+presence_penalty, ``rp`` repetition_penalty, ``min`` min_tokens, ``max`` max_tokens, ``t``
+temperature, ``stop`` one of :data:`STOP_SETS`). ``CONFIG+NAME`` replaces the user turn with
+:data:`USER_PROMPTS` ``NAME``. Each reports the share of descriptions whose quality is ``ok``
+(:func:`weir.jobs.quality.description_quality`), the flags, mean tokens, time per product;
+``--flagged`` prints every flagged one.
 
 Cost per product: wall seconds of the engine call over the products, and prompt tokens per product
 (calibration prompts included; tokens served from the prefix cache are counted, and shown apart).
@@ -78,10 +82,35 @@ def classify_alternative(llm, catalog, index, name):
     return [o.label for o in outs], time.perf_counter() - t, tokens, cached
 
 
-USER_PROMPTS = {"ask": "Product: {name}\nBrand: {brand}\n\nWrite the one-sentence description of this product."}
-"""User-turn variants (``CONFIG+ask``): the spec's lists the fields only, a small model may echo them."""
+USER_PROMPTS = {
+    "ask": "Product: {name}\nBrand: {brand}\n\nWrite the one-sentence description of this product.",
+    "first": "Write the one-sentence description of this product.\n\nProduct: {name}\nBrand: {brand}",
+    "page": "Write one sentence for the product page of the {name}.\nThe brand is {brand}.",
+    "own": "Product: {name}\nBrand: {brand}\n\nIn one full sentence, in your own words, tell a shopper "
+           "what this product is and why they would want it.",
+    "this": "Product: {name}\nBrand: {brand}\n\nIn one full sentence that starts with the word This, tell a "
+            "shopper what this product is and why they would want it.",
+    "sentence": "Product: {name}\nBrand: {brand}\n\nWrite one full sentence, not a title, that tells a shopper "
+                "what this product is and why they would want it.",
+}
+"""User-turn variants (``CONFIG+NAME``; ``ask`` is the job's before, ``sentence`` its own now); a
+listing of the fields alone invites the model to echo them."""
 
 SENTENCE_STOPS = ["\n", ". ", "! ", "? "]
+
+STOP_SETS = {
+    "sent": SENTENCE_STOPS,
+    "nl": ["\n"],
+    "ends": [". ", "! ", "? "],
+    "para": ["\n\n", ". ", "! ", "? "],
+}
+"""Stop sets for ``:stop=NAME``: ``sent`` the first sentence end or line break; ``nl`` a line
+break only; ``ends`` sentence ends only (a line break does not end); ``para`` a blank line or a
+sentence end."""
+
+OVERRIDES = {"fp": ("frequency_penalty", float), "pp": ("presence_penalty", float),
+             "rp": ("repetition_penalty", float), "min": ("min_tokens", int), "max": ("max_tokens", int),
+             "t": ("temperature", float), "stop": ("stop", STOP_SETS.__getitem__)}
 
 DESCRIBE_CONFIGS = {
     "none": dict(stop=None, repetition_penalty=1.0, frequency_penalty=0.0),
@@ -90,6 +119,18 @@ DESCRIBE_CONFIGS = {
 
 
 def describe_config(spec, name):
+    name, *overrides = name.split(":")
+    sampling = _base_config(spec, name)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key not in OVERRIDES:
+            raise SystemExit(f"unknown override {key!r} (known: {', '.join(OVERRIDES)})")
+        field, parse = OVERRIDES[key]
+        sampling[field] = parse(value)
+    return sampling
+
+
+def _base_config(spec, name):
     sampling = dict(spec.describe.sampling)
     if name in DESCRIBE_CONFIGS:
         sampling.update(DESCRIBE_CONFIGS[name])
@@ -115,11 +156,13 @@ def main(argv=None):
     ap.add_argument("catalog")
     ap.add_argument("--spec", default=None, help="spec file or shipped spec name")
     ap.add_argument("--limit", type=int, default=1000)
+    ap.add_argument("--start", type=int, default=0, help="skip the first N products (a held-out slice)")
     ap.add_argument("--classify", default="zero_shot,knn,exemplars")
     ap.add_argument("--describe", default="spec")
     ap.add_argument("--num-describe", type=int, default=None, help="describe only the first N (default --limit)")
     ap.add_argument("--show", type=int, default=10, help="random descriptions shown per configuration")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--flagged", action="store_true", help="also print every flagged description")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--chunk", type=int, default=100, help="products per classification call")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -134,11 +177,13 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     spec = load_spec(args.spec)
-    catalog = read_catalog(args.catalog, spec, limit=args.limit)
+    catalog = read_catalog(args.catalog, spec, limit=args.start + args.limit)
+    catalog = dataclasses.replace(catalog, products=catalog.products[args.start:])
     products = catalog.products
     truth = [p.category for p in products]
     majority = Counter(truth).most_common(1)[0]
-    print(f"catalog {args.catalog}, spec {spec.path or 'default'}: {len(products)} products, "
+    print(f"catalog {args.catalog}, spec {spec.path or 'default'}: {len(products)} products "
+          f"from #{args.start}, "
           f"{len(catalog.labels)} labels, pool {len(catalog.pool)}; majority baseline "
           f"{100 * majority[1] / len(products):.1f} % ({majority[0]})")
     model_work = [n for n in args.classify.split(",") if n and n != "knn"] or args.describe
@@ -169,12 +214,12 @@ def main(argv=None):
     described = products[:args.num_describe or len(products)]
     rng = random.Random(args.seed)
     for name in filter(None, args.describe.split(",")):
-        name, _, prompt_name = name.partition("+")
+        head, colon, overrides = name.partition(":")
+        config, _, prompt_name = head.partition("+")
         user = USER_PROMPTS[prompt_name] if prompt_name else spec.describe.user_prompt
         described_spec = dataclasses.replace(spec, describe=dataclasses.replace(spec.describe, user_prompt=user))
         reqs = [describe_request(p, described_spec, catalog_key(catalog)) for p in described]
-        sampling = describe_config(spec, name)
-        name = f"{name}+{prompt_name}" if prompt_name else name
+        sampling = describe_config(spec, config + colon + overrides)
         llm.reset_prefix_cache()
         t = time.perf_counter()
         outs = llm.generate([r.engine_prompt() for r in reqs], SamplingParams(**sampling))
@@ -190,10 +235,18 @@ def main(argv=None):
         shown = rng.sample(range(n), min(args.show, n))
         for i in shown:
             print(f"    [{described[i].product_id}] {described[i].name!r} -> {texts[i]!r} ({quality[i]})")
+        if args.flagged:
+            for p, text, q in zip(described, texts, quality):
+                if q != OK:
+                    print(f"  flagged [{p.product_id}] {p.name!r} -> {text!r} ({q})")
         report["describe"][name] = dict(clean=flags[OK] / n, flags=dict(flags), sampling=sampling,
                                         tokens_per_product=num_tokens / n, ms_per_product=1000 * wall_s / n,
+                                        texts={p.product_id: x for p, x in zip(described, texts)},
                                         shown=[dict(id=described[i].product_id, name=described[i].name,
                                                     text=texts[i], quality=quality[i]) for i in shown])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -21,6 +21,14 @@ MAX_NGRAM_REPEATS = 2
 NGRAM = 4
 
 _SENTENCE_END = re.compile(r"[.!?\u3002\u0964][\"'\u201d\u2019)\]]*$")  # . ! ? 。 । then closing quotes/brackets
+ABBREVIATIONS = ("Mr", "Mrs", "Ms", "Dr", "Prof", "St", "No", "Nos", "Rs", "Vol", "vs", "e.g", "i.e", "approx",
+                 "incl", "Pvt")
+"""Abbreviations whose full stop does not end a sentence (a title, "No. 5", "Rs. 99", "e.g."): text
+ending with one, or with initials ("S.C.", "S.S."), was cut by a ". " stop string inside its
+sentence. Case-sensitive ("say no." ends). A sentence that really ends with initials ("the U.S.")
+is flagged too: it is rare in a product description, and a flag only asks for a reading."""
+_ABBREVIATION_END = re.compile(r"(?:^|[^\w.])(?:(?:" + "|".join(re.escape(a) for a in ABBREVIATIONS)
+                               + r")\.|(?:\w\.){2,})$")
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -40,16 +48,19 @@ def description_quality(text: Optional[str]) -> str:
 
     Returns:
         ``"ok"``; ``"empty"`` for blank text; otherwise the flags that apply, in this order and
-        joined by commas: ``"unfinished"`` (the last character is not a sentence end ``. ! ?``
+        joined by commas: ``"unfinished"`` (some line does not end with a sentence end ``. ! ?``
         (or ``\u3002``, ``\u0964``), optionally followed by closing quotes or brackets: text cut
-        by ``max_tokens`` mid-sentence ends this way) and
+        by ``max_tokens`` mid-sentence ends this way, and so does a heading line, such as the
+        product's title, before the sentence; or the text ends with one of
+        :data:`ABBREVIATIONS` or with initials, cut inside its sentence) and
         ``"repetitive"`` (some word 4-gram occurs three times or more).
     """
     text = (text or "").strip()
     if not text:
         return EMPTY
     flags = []
-    if not _SENTENCE_END.search(text):
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not all(_SENTENCE_END.search(line) for line in lines) or _ABBREVIATION_END.search(text):
         flags.append(UNFINISHED)
     top = repeated_ngram(text)
     if top is not None and top[1] > MAX_NGRAM_REPEATS:

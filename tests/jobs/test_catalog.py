@@ -128,7 +128,8 @@ def test_zero_shot_jobs_per_product():
     assert classify.system_prompt is None
     assert classify.label_texts == [" Beverages (Tea, Coffee)\n", " Snacks\n"]
     assert classify.engine_calibration_prompt() == header + "Product: N/A\nCategory:"
-    assert describe.prompt == "Product: Green Tea\nBrand: Leafy\n\nWrite the one-sentence description of this product."
+    assert describe.prompt == ("Product: Green Tea\nBrand: Leafy\n\nWrite one full sentence, not a title, that "
+                              "tells a shopper what this product is and why they would want it.")
     assert describe.system_prompt == DESCRIBE_SYSTEM_PROMPT.format(shop="a tea shop")
     assert "grocery" not in describe.system_prompt
     assert (describe.temperature, describe.max_tokens) == (0.0, 96)
@@ -162,7 +163,8 @@ def test_exemplar_jobs_show_the_nearest_labelled_products_never_the_product():
 def test_description_prompt_leaves_out_an_empty_brand():
     catalog = Catalog("c.csv", [], ["x"])
     _, describe = product_requests(Product("7", "Wall Clock", "", "", ""), catalog)
-    assert describe.prompt == "Product: Wall Clock\n\nWrite the one-sentence description of this product."
+    assert describe.prompt == ("Product: Wall Clock\n\nWrite one full sentence, not a title, that tells a shopper "
+                              "what this product is and why they would want it.")
 
 
 def test_describe_system_prompt_has_at_least_60_tokens(tiny_model_dir):

@@ -21,6 +21,19 @@ from weir.jobs.quality import description_quality, repeated_ngram
     # one 4-gram seen exactly twice is allowed, three times is not
     ("red cup of tea and red cup of tea.", "ok"),
     ("red cup of tea, red cup of tea, Red Cup Of Tea.", "repetitive"),
+    # a ". " stop string cut after an abbreviation inside the sentence
+    ("A bespoke watch designed by the renowned designer, Dr.", "unfinished"),
+    ("The Prestige pressure cooker Model No.", "unfinished"),
+    ("A steel bottle (e.g.", "unfinished"),
+    ("A pack of six for Rs.", "unfinished"),
+    ("S.C.", "unfinished"),
+    ("The Cookart Elegant S.S.", "unfinished"),
+    ("Say no.", "ok"),
+    ("Made by Shree Foods Pvt. Ltd.", "ok"),
+    ("Rich in vitamin C.", "ok"),
+    # a heading line (the title echoed) before the sentence is not a finished sentence
+    ("Exotic India Relaxing Ganesha Showpiece  \nThis exquisite piece is carved by hand.", "unfinished"),
+    ("A soft towel.\nIt dries fast.", "ok"),
 ])
 def test_description_quality(text, expected):
     assert description_quality(text) == expected
