@@ -26,7 +26,10 @@ presence_penalty, ``rp`` repetition_penalty, ``min`` min_tokens, ``max`` max_tok
 temperature, ``stop`` one of :data:`STOP_SETS`). ``CONFIG+NAME`` replaces the user turn with
 :data:`USER_PROMPTS` ``NAME``. Each reports the share of descriptions whose quality is ``ok``
 (:func:`weir.jobs.quality.description_quality`), the flags, mean tokens, time per product;
-``--flagged`` prints every flagged one.
+``--flagged`` prints every flagged one. ``--retry`` does what the worker does with the spec's
+``[describe.retry_sampling]``: each flagged description is written once more with those fields
+replaced and the first clean attempt kept (:func:`weir.jobs.quality.pick_description`); the clean
+rate and tokens are then reported after the second attempt, its tokens included.
 
 Cost per product: wall seconds of the engine call over the products, and prompt tokens per product
 (calibration prompts included; tokens served from the prefix cache are counted, and shown apart).
@@ -43,7 +46,7 @@ from collections import Counter
 
 from weir.jobs.catalog import catalog_key, classify_request, describe_request, read_catalog
 from weir.jobs.exemplars import ExemplarIndex
-from weir.jobs.quality import OK, description_quality
+from weir.jobs.quality import OK, description_quality, pick_description
 from weir.jobs.spec import load_spec
 
 KNN_K = 10
@@ -163,6 +166,8 @@ def main(argv=None):
     ap.add_argument("--show", type=int, default=10, help="random descriptions shown per configuration")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--flagged", action="store_true", help="also print every flagged description")
+    ap.add_argument("--retry", action="store_true",
+                    help="write each flagged description once more with the spec's retry sampling, as the worker does")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--chunk", type=int, default=100, help="products per classification call")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -223,13 +228,23 @@ def main(argv=None):
         llm.reset_prefix_cache()
         t = time.perf_counter()
         outs = llm.generate([r.engine_prompt() for r in reqs], SamplingParams(**sampling))
-        wall_s = time.perf_counter() - t
         texts = [o.outputs[0].text.strip() for o in outs]
+        num_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        num_retried = 0
+        if args.retry and spec.describe.retry_sampling:
+            flagged = [i for i, x in enumerate(texts) if description_quality(x) != OK]
+            num_retried = len(flagged)
+            retry = SamplingParams(**{**sampling, **spec.describe.retry_sampling})
+            seconds = llm.generate([reqs[i].engine_prompt() for i in flagged], retry) if flagged else []
+            for i, o in zip(flagged, seconds):
+                num_tokens += len(o.outputs[0].token_ids)
+                texts[i] = [texts[i], o.outputs[0].text.strip()][pick_description([texts[i], o.outputs[0].text.strip()])]
+        wall_s = time.perf_counter() - t
         quality = [description_quality(x) for x in texts]
         flags = Counter(quality)
         n = len(described)
-        num_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         print(f"describe {name:8s} clean {100 * flags[OK] / n:5.1f} %  flags {dict(flags)}  "
+              f"{f'(after a second attempt for {num_retried}) ' if args.retry else ''}"
               f"{num_tokens / n:.1f} tokens/product  {1000 * wall_s / n:.0f} ms/product  sampling {sampling}",
               flush=True)
         shown = rng.sample(range(n), min(args.show, n))

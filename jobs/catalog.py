@@ -223,7 +223,8 @@ def describe_request(product: Product, spec: JobSpec, catalog: str, fingerprint:
         system_prompt=spec.describe.system_prompt.format(shop=spec.domain.shop),
         prompt=describe_prompt(spec, product),
         metadata={"product_id": product.product_id},
-        enrichment=Enrichment(catalog=catalog, product_id=product.product_id, fingerprint=fingerprint),
+        enrichment=Enrichment(catalog=catalog, product_id=product.product_id, fingerprint=fingerprint,
+                              retry_sampling=spec.describe.retry_sampling or None),
         **spec.describe.sampling,
     )
 

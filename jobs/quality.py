@@ -66,3 +66,9 @@ def description_quality(text: Optional[str]) -> str:
     if top is not None and top[1] > MAX_NGRAM_REPEATS:
         flags.append(REPETITIVE)
     return ",".join(flags) or OK
+
+
+def pick_description(texts: list[Optional[str]]) -> int:
+    """Which of several attempts at one description to keep: the first whose quality is ``ok``,
+    else the first (a flagged description is kept flagged, never dropped)."""
+    return next((i for i, text in enumerate(texts) if description_quality(text) == OK), 0)

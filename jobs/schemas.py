@@ -129,6 +129,11 @@ class Enrichment(BaseModel):
     product_id: str = Field(min_length=1, max_length=MAX_PRODUCT_ID_CHARS)
     field: Optional[Literal["category", "description", "attributes"]] = None
     fingerprint: Optional[str] = Field(None, min_length=1, max_length=64)
+    retry_sampling: Optional[dict[str, Any]] = None
+    """A description job only: when its output is flagged
+    (:func:`weir.jobs.quality.description_quality` not ``ok``), the worker generates it once more
+    with these sampling fields replaced and keeps the first clean attempt (else the first); the
+    job's token counts include both attempts."""
     """What the result was made from (the catalog job's :func:`weir.jobs.catalog.product_fingerprint`
     of the product's content, the job spec and the model), stored beside the field it fills so that
     an incremental run skips the products it has already enriched."""
@@ -313,6 +318,18 @@ class GenerateRequest(_JobRequest):
         if field == "category":
             raise _field_error("enrichment.field", field, "enrichment.field: a generation job fills "
                                "description or attributes, not category")
+        retry = None if self.enrichment is None else self.enrichment.retry_sampling
+        if retry is not None:
+            if field not in (None, "description"):
+                raise _field_error("enrichment.retry_sampling", retry, "enrichment.retry_sampling: only a "
+                                   "description job is retried")
+            if "structured_outputs" in retry:
+                raise _field_error("enrichment.retry_sampling", retry,
+                                   "enrichment.retry_sampling: structured_outputs cannot be replaced")
+            try:
+                self.retry_params()
+            except (TypeError, ValueError) as exc:
+                raise _field_error("enrichment.retry_sampling", retry, f"enrichment.retry_sampling: {exc}") from None
         if field == "attributes" and not self.wants_json:
             raise _field_error("enrichment.field", field, "enrichment.field: attributes are filled only by a "
                                "job constrained to JSON (response_format json_schema or json_object)")
@@ -325,6 +342,14 @@ class GenerateRequest(_JobRequest):
         if self.response_format is not None:
             fields["structured_outputs"] = self.response_format.structured_outputs()
         return SamplingParams(**fields)
+
+    def retry_params(self) -> Optional[SamplingParams]:
+        """The second attempt's ``SamplingParams`` (``enrichment.retry_sampling`` over this
+        request's), or None when the request asks for none."""
+        retry = None if self.enrichment is None else self.enrichment.retry_sampling
+        if not retry:
+            return None
+        return SamplingParams(**{**{name: getattr(self, name) for name in SAMPLING_FIELDS}, **retry})
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampling fields by their engine names, as stored (JSON)."""

@@ -34,6 +34,9 @@ Layout (every table and key optional)::
     temperature = 0.0; max_tokens = 96; stop = ["\\n", ". ", "! ", "? "]
     include_stop_str_in_output = true; repetition_penalty = 1.2
 
+    [describe.retry_sampling] # a flagged description is written once more with these replaced
+    repetition_penalty = 1.1; frequency_penalty = 0.3   # (an empty table: no second attempt)
+
     [extract]                 # attribute extraction: a third job per product when fields are named
     system_prompt = "..."     # {shop}
     description_chars = 400   # the listing shows the name and this much of the description
@@ -138,11 +141,20 @@ class Classify:
     header: str = CLASSIFY_HEADER
 
 
+DESCRIBE_RETRY_SAMPLING = dict(repetition_penalty=1.1, frequency_penalty=0.3)
+"""The sampling fields replaced in a flagged description's second attempt: the runner-up of the
+measured configurations (BENCHMARKS.md, descriptions), whose flagged products differ."""
+
+
 @dataclass(frozen=True)
 class Describe:
     system_prompt: str = DESCRIBE_SYSTEM_PROMPT
     user_prompt: str = DESCRIBE_USER_PROMPT
     sampling: dict[str, Any] = field(default_factory=lambda: dict(DESCRIBE_SAMPLING))
+    retry_sampling: dict[str, Any] = field(default_factory=lambda: dict(DESCRIBE_RETRY_SAMPLING))
+    """A flagged description (:func:`weir.jobs.quality.description_quality` not ``ok``) is written
+    once more with these sampling fields replaced, and the first clean attempt is kept; empty: no
+    second attempt."""
 
 
 @dataclass(frozen=True)
@@ -211,22 +223,32 @@ _CHOICES = {("taxonomy", "source"): ("column", "file"), ("classify", "method"): 
 
 
 def _sampling(where: str, table: str, value: Any, defaults: dict[str, Any]) -> dict[str, Any]:
-    """``defaults`` updated with the ``[table.sampling]`` keys, checked by building SamplingParams."""
+    """``defaults`` updated with the ``[table.sampling]`` keys (``table`` itself when it ends in
+    ``sampling``), checked by building SamplingParams."""
+    label = table if table.endswith("sampling") else f"{table}.sampling"
     if not isinstance(value, dict):
-        raise SpecError(f"{where}: [{table}.sampling] must be a table")
+        raise SpecError(f"{where}: [{label}] must be a table")
     from weir.engine.sampling_params import SamplingParams
 
     known = {f.name for f in dataclasses.fields(SamplingParams)} - {"structured_outputs"}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise SpecError(f"{where}: [{table}.sampling] has unknown key {unknown[0]!r} "
+        raise SpecError(f"{where}: [{label}] has unknown key {unknown[0]!r} "
                         f"(SamplingParams fields: {', '.join(sorted(known))})")
     merged = {**defaults, **value}
     try:
         SamplingParams(**merged)
     except (TypeError, ValueError) as exc:
-        raise SpecError(f"{where}: [{table}.sampling] {exc}") from None
+        raise SpecError(f"{where}: [{label}] {exc}") from None
     return merged
+
+
+def _retry_sampling(where: str, value: Any, sampling: dict[str, Any]) -> dict[str, Any]:
+    """``[describe.retry_sampling]``: SamplingParams fields that replace ``sampling``'s."""
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: [describe.retry_sampling] must be a table")
+    _sampling(where, "describe.retry_sampling", {**sampling, **value}, {})
+    return dict(value)
 
 
 def _extract_fields(where: str, value: Any) -> dict[str, Any]:
@@ -253,6 +275,9 @@ def _table(where: str, name: str, cls: type, value: Any) -> Any:
             raise SpecError(f"{where}: [{name}] has unknown key {key!r} (known: {', '.join(fields)})")
         if key == "sampling":
             kwargs[key] = _sampling(where, name, item, getattr(cls(), key))
+            continue
+        if name == "describe" and key == "retry_sampling":
+            kwargs[key] = _retry_sampling(where, item, {**Describe().sampling, **value.get("sampling", {})})
             continue
         if name == "extract" and key == "fields":
             kwargs[key] = _extract_fields(where, item)

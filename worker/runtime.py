@@ -8,15 +8,19 @@ shutdown (``worker_shutdown``, sent after the pool has finished its running task
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Optional
 
 from weir.jobs import store
 from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
+from weir.engine.sampling_params import SamplingParams
 from weir.jobs.model_info import too_long_for_output
+from weir.jobs.quality import OK, description_quality, pick_description
 from weir.jobs.schemas import GenerateRequest, JobRequest, parse_request
 from weir.jobs.store import JobResult, parse_json_output
 from weir.config import Settings, get_settings
@@ -299,20 +303,40 @@ class WorkerRuntime:
                 future = self._submit_generate(request)
         except Exception as exc:  # the job's failure, not the worker's: record it and go on
             return self._failure(job, exc)
+        started = time.monotonic()
         output = self._wait(job, future, timeout_s)
         if isinstance(output, Exception):
             return self._failure(job, output)
         if job.kind == JobKind.CLASSIFY:
             return self._classified(output)
-        return self._generated(output, request)
+        retry = request.retry_params()
+        if retry is None or description_quality(output.outputs[0].text) == OK:
+            return self._generated(output, request)
+        # a flagged description: one more attempt with the retry sampling, the first clean one kept
+        try:
+            future = self._submit_generate(request, retry)
+        except Exception as exc:
+            return self._failure(job, exc)
+        second = self._wait(job, future, max(1e-3, timeout_s - (time.monotonic() - started)))
+        if isinstance(second, Exception):
+            return self._failure(job, second)
+        attempts = [output, second]
+        kept = attempts[pick_description([a.outputs[0].text for a in attempts])]
+        other = attempts[1] if kept is output else output
+        result = self._generated(kept, request)
+        return dataclasses.replace(
+            result, num_prompt_tokens=result.num_prompt_tokens + len(other.prompt_token_ids),
+            num_completion_tokens=result.num_completion_tokens + sum(len(c.token_ids) for c in other.outputs),
+            num_cached_tokens=(result.num_cached_tokens or 0) + (other.num_cached_tokens or 0))
 
-    def _submit_generate(self, request: GenerateRequest) -> Future:
-        """Submit a generation whose prompt plus ``max_tokens`` fits ``max_model_len``.
+    def _submit_generate(self, request: GenerateRequest, params: Optional[SamplingParams] = None) -> Future:
+        """Submit a generation (with ``params`` in place of the request's own, when given) whose
+        prompt plus ``max_tokens`` fits ``max_model_len``.
 
         Raises:
             ValueError: it does not fit, or the engine refuses it.
         """
-        params = request.sampling_params()
+        params = request.sampling_params() if params is None else params
         max_model_len = self.llm.max_model_len
         if params.max_tokens > max_model_len:  # no need to tokenize
             raise ValueError(too_long_for_output(0, params.max_tokens, max_model_len))

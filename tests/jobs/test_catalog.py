@@ -138,7 +138,10 @@ def test_zero_shot_jobs_per_product():
         spec.describe.sampling["stop"], True, 1.2)
     assert classify.metadata == describe.metadata == {"product_id": "42"}
     key = os.path.abspath("c.csv")
-    assert classify.enrichment == describe.enrichment == Enrichment(catalog=key, product_id="42")
+    assert classify.enrichment == Enrichment(catalog=key, product_id="42")
+    # a flagged description is written once more with the spec's retry sampling
+    assert describe.enrichment == Enrichment(catalog=key, product_id="42",
+                                             retry_sampling={"repetition_penalty": 1.1, "frequency_penalty": 0.3})
 
 
 def test_exemplar_jobs_show_the_nearest_labelled_products_never_the_product():

@@ -42,3 +42,12 @@ def test_description_quality(text, expected):
 def test_repeated_ngram_counts_case_folded_words():
     assert repeated_ngram("a b c d A B C D a b c d") == ("a b c d", 3)
     assert repeated_ngram("a b c") is None
+
+
+def test_pick_description_keeps_the_first_clean_attempt_else_the_first():
+    from weir.jobs.quality import pick_description
+
+    assert pick_description(["Green tea from Assam", "A fine green tea."]) == 1
+    assert pick_description(["A fine green tea.", "Another fine tea."]) == 0
+    assert pick_description(["Green tea from", "tea tea tea tea tea tea tea tea tea tea tea tea"]) == 0
+    assert pick_description([None, ""]) == 0

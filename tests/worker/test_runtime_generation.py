@@ -142,3 +142,25 @@ def completion(text, finish_reason):
 def test_parsed_is_set_only_for_json_asked_finished_and_parsing(runtime, asks, text, finish_reason, parsed):
     result = runtime._generated(completion(text, finish_reason), GenerateRequest(prompt="x", **asks))
     assert (result.parsed, result.completions[0]["parsed"], result.output_text) == (parsed, parsed, text)
+
+
+def test_a_flagged_description_is_written_once_more_and_the_clean_attempt_kept(runtime, llm):
+    """The tiny random model writes no sentence, so the first attempt is flagged: the retry
+    sampling runs and, neither being clean, the first is kept, with both attempts' tokens counted."""
+    from weir.jobs.quality import OK, description_quality
+
+    fields = dict(prompt="Product: Green Tea\nBrand: Leafy", temperature=0.0, max_tokens=8)
+    retry = {"repetition_penalty": 1.1, "frequency_penalty": 0.3}
+    request = GenerateRequest(**fields, enrichment={"catalog": "c", "product_id": "1", "retry_sampling": retry})
+    first = llm.generate([request.engine_prompt()], request.sampling_params())[0]
+    second = llm.generate([request.engine_prompt()], request.retry_params())[0]
+    assert request.retry_params().frequency_penalty == 0.3 and request.retry_params().max_tokens == 8
+    assert description_quality(first.outputs[0].text) != OK and first.outputs[0].text != second.outputs[0].text
+    result = runtime.run(as_job(request))
+    kept = second if description_quality(second.outputs[0].text) == OK else first
+    assert result.output_text == kept.outputs[0].text
+    assert result.num_completion_tokens == len(first.outputs[0].token_ids) + len(second.outputs[0].token_ids)
+    assert result.num_prompt_tokens == 2 * len(first.prompt_token_ids)
+    # without retry_sampling: one attempt
+    plain = runtime.run(as_job(GenerateRequest(**fields, enrichment={"catalog": "c", "product_id": "1"})))
+    assert (plain.output_text, plain.num_completion_tokens) == (first.outputs[0].text, len(first.outputs[0].token_ids))
