@@ -40,10 +40,10 @@ MAX_JSON_INT = 2**63 - 1
 def check_json(value: Any, path: str) -> None:
     """Check that ``value`` is plain JSON, as the database stores it and a reader gets it back.
 
-    Allowed: ``str``, ``bool``, ``None``, ``int`` within 64-bit range, finite ``float``, and
-    ``list``/``tuple``/``dict`` of those (dict keys must be ``str``). Nothing is converted: bytes,
-    datetimes, sets, numpy scalars, NaN and Infinity are refused, so what is read back is exactly
-    what was given.
+    Allowed: ``str`` without NUL characters (Postgres' ``json`` functions cannot read ``\u0000``),
+    ``bool``, ``None``, ``int`` within 64-bit range, finite ``float``, and ``list``/``tuple``/``dict``
+    of those (dict keys must be such strings). Nothing is converted: bytes, datetimes, sets, numpy
+    scalars, NaN and Infinity are refused, so what is read back is exactly what was given.
 
     Args:
         value: the value to check.
@@ -54,7 +54,10 @@ def check_json(value: Any, path: str) -> None:
             ``metadata['when'] is a datetime.datetime, not a JSON value (str, int, float, bool,
             None, list, dict)``.
     """
-    if value is None or isinstance(value, (str, bool)):
+    if isinstance(value, str):
+        _check_no_nul(value, path)
+        return
+    if value is None or isinstance(value, bool):
         return
     if type(value) is int:
         if not -MAX_JSON_INT - 1 <= value <= MAX_JSON_INT:
@@ -72,11 +75,18 @@ def check_json(value: Any, path: str) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ValueError(f"{path} has a key {key!r} of type {_type_name(key)}; JSON keys are strings")
+            _check_no_nul(key, f"{path} key {key!r}")
             check_json(item, f"{path}[{key!r}]")
         return
     raise ValueError(
         f"{path} is a {_type_name(value)}, not a JSON value (str, int, float, bool, None, list, dict)"
     )
+
+
+def _check_no_nul(text: str, path: str) -> None:
+    if "\x00" in text:
+        raise ValueError(f"{path} contains a NUL character (\\x00) at index {text.index(chr(0))}; "
+                         "the database cannot store it in JSON")
 
 
 def _type_name(value: Any) -> str:
@@ -197,6 +207,16 @@ class _JobRequest(BaseModel):
             raise ValueError(f"metadata must be a dict, not {_type_name(metadata)}")
         check_json(metadata, "metadata")
         return metadata
+
+    @field_validator("prompt", "system_prompt", "custom_id", "labels", "label_texts", "calibration_prompt",
+                     mode="after", check_fields=False)
+    @classmethod
+    def _no_nul(cls, value: Any, info: Any) -> Any:
+        items = [value] if isinstance(value, str) else list(value or [])
+        texts = [t if isinstance(t, str) else getattr(t, "content", None) for t in items]
+        for text in filter(lambda t: isinstance(t, str), texts):
+            _check_no_nul(text, info.field_name)
+        return value
 
 
 _ENGINE_DEFAULTS = SamplingParams()
