@@ -309,17 +309,13 @@ def parse_completion_window(window: str) -> timedelta:
     return timedelta(**{ {"h": "hours", "m": "minutes", "s": "seconds"}[match[2]]: int(match[1])})
 
 
-def batch_metadata(endpoint: str, input_file_id: str, completion_window: str,
-                   metadata: Optional[dict[str, str]] = None) -> dict[str, Any]:
-    """The ``batches.metadata`` of a batch submitted from a request file.
+def check_metadata(metadata: dict[str, Any]) -> None:
+    """Check a batch's metadata against OpenAI's rules: at most 16 pairs, string keys of 1 to 64
+    characters, string values of at most 512, and no key :data:`META_KEY` (weir's own).
 
     Raises:
-        ValueError: ``completion_window`` does not parse, or ``metadata`` breaks OpenAI's rules
-            (at most 16 pairs, string keys of at most 64 characters and string values of at most
-            512, no key :data:`META_KEY`).
+        ValueError: naming the first pair that breaks them.
     """
-    parse_completion_window(completion_window)
-    metadata = dict(metadata or {})
     if len(metadata) > MAX_METADATA_PAIRS:
         raise ValueError(f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS}")
     for key, value in metadata.items():
@@ -329,6 +325,20 @@ def batch_metadata(endpoint: str, input_file_id: str, completion_window: str,
             raise ValueError(f"metadata[{key!r}] must be a string of at most {MAX_METADATA_VALUE_CHARS} characters")
     if META_KEY in metadata:
         raise ValueError(f"metadata key {META_KEY!r} is weir's own")
+
+
+def batch_metadata(endpoint: str, input_file_id: str, completion_window: str,
+                   metadata: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """The ``batches.metadata`` of a batch submitted from a request file: the caller's pairs and,
+    under :data:`META_KEY`, ``endpoint``, ``input_file_id`` and ``completion_window``.
+
+    Raises:
+        ValueError: ``completion_window`` does not parse (:func:`parse_completion_window`) or
+            ``metadata`` breaks OpenAI's rules (:func:`check_metadata`).
+    """
+    parse_completion_window(completion_window)
+    metadata = dict(metadata or {})
+    check_metadata(metadata)
     return {**metadata, META_KEY: {"endpoint": endpoint, "input_file_id": input_file_id,
                                    "completion_window": completion_window}}
 
