@@ -351,8 +351,8 @@ def _fields(metadata: dict[str, Any]) -> dict[str, Any]:
 
 
 def expires_at(created_at: datetime, metadata: dict[str, Any]) -> datetime:
-    """When the batch's completion window ends."""
-    return created_at + parse_completion_window(_fields(metadata)["completion_window"])
+    """When the batch's completion window ends (timezone-aware UTC)."""
+    return _aware(created_at) + parse_completion_window(_fields(metadata)["completion_window"])
 
 
 def expire_if_due(session: Session, batch_id: uuid.UUID, now: Optional[datetime] = None) -> bool:
@@ -365,7 +365,7 @@ def expire_if_due(session: Session, batch_id: uuid.UUID, now: Optional[datetime]
     Raises:
         LookupError: no such batch, or not one submitted from a request file.
     """
-    now = now or utcnow()
+    now = _aware(now or utcnow())
     batch = store.get_batch(session, batch_id)
     fields = _fields(batch.meta)
     if batch.status not in (BatchStatus.QUEUED, BatchStatus.IN_PROGRESS) or now < expires_at(batch.created_at, batch.meta):
@@ -390,12 +390,12 @@ _STATUSES = {BatchStatus.VALIDATING: "validating", BatchStatus.QUEUED: "in_progr
              BatchStatus.FAILED: "completed", BatchStatus.CANCELLED: "cancelled"}
 
 
+def _aware(when: datetime) -> datetime:
+    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when  # SQLite hands back naive UTC
+
+
 def _unix(when: Optional[datetime]) -> Optional[int]:
-    if when is None:
-        return None
-    if when.tzinfo is None:  # SQLite hands back naive UTC
-        when = when.replace(tzinfo=timezone.utc)
-    return int(when.timestamp())
+    return None if when is None else int(_aware(when).timestamp())
 
 
 def batch_object(batch: Any) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 error lines and a Batch object that the ``openai`` package's own types accept."""
 
 import json
-from datetime import timedelta
+from datetime import timedelta, timezone
 
 import pytest
 
@@ -205,6 +205,7 @@ def test_a_batch_past_its_window_expires_and_its_unrun_requests_are_cancelled(se
     finish(session_factory, done, JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop",
                                             num_prompt_tokens=1, num_completion_tokens=1))
     created_at = status_of(session_factory, batch_id).created_at
+    created_at = created_at if created_at.tzinfo else created_at.replace(tzinfo=timezone.utc)  # naive on SQLite
     with session_factory.begin() as session:
         assert not openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(minutes=119))
     assert status_of(session_factory, batch_id).status == BatchStatus.IN_PROGRESS
