@@ -47,8 +47,8 @@ cancelled it. ``cancelling`` and ``finalizing`` are never reported: a cancel is 
 and the output files are written on request (``weir batch results``), not staged.
 
 Expiry: a batch not finished when its completion window has passed (``created_at +
-completion_window``) is expired by the next :func:`expire_if_due` (``weir batch status`` and
-``weir batch results`` call it), as OpenAI does it: its unfinished jobs are cancelled, finished
+completion_window``) is expired by the next :func:`expire_if_due` (``weir batch status``,
+``cancel`` and ``results`` call it), as OpenAI does it: its unfinished jobs are cancelled, finished
 ones keep their results, and it reads ``expired`` from then on; its cancelled requests appear in
 the error file with code ``batch_expired``.
 """
@@ -447,18 +447,20 @@ _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "length"}
 """weir's finish reasons in OpenAI's: ``abort`` (cut short past a deadline) reads as ``length``."""
 
 
-def result_line(job: Job, endpoint: str, *, expired: bool = False) -> Optional[dict[str, Any]]:
-    """One line of the output or error file for a finished job, None for an unfinished one.
+def result_line(job: Job, batch: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """One line of the output or error file for a finished job of ``batch`` (its
+    :func:`batch_object`: the endpoint, and whether it expired), None for an unfinished job.
 
     A succeeded job: ``{"id", "custom_id", "response": {"status_code": 200, "request_id",
     "body"}, "error": null}``, the body a ``chat.completion``, a ``text_completion`` or (weir's
     extension) a ``classification`` object, with ``usage`` from the job's token counts. A failed
     job: ``"response": null`` and ``"error": {"code": "job_failed", "message": <the job's
-    error>}``; a cancelled one: code ``batch_cancelled`` (``batch_expired`` when ``expired``).
+    error>}``; a cancelled one: code ``batch_cancelled`` (``batch_expired`` in an expired batch).
     Ids: ``batch_req_<job id hex>`` for the line, the job id for ``request_id``.
     """
     if not job.status.is_finished:
         return None
+    endpoint, expired = batch["endpoint"], batch["status"] == "expired"
     line = {"id": f"batch_req_{job.id.hex}", "custom_id": job.custom_id, "response": None, "error": None}
     if job.status == JobStatus.FAILED:
         line["error"] = {"code": "job_failed", "message": job.error or "failed"}

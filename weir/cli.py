@@ -414,12 +414,11 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
     try:
         batch_id = _batch_uuid(args.batch_id)
         batch = _openai_batch(client, batch_id)
-        expired = batch["status"] == "expired"
         with contextlib.ExitStack() as files:
             output = files.enter_context(export.atomic_output(args.output))
             errors = output if args.errors is None else files.enter_context(export.atomic_output(args.errors))
             for job in client.iter_jobs(batch_id):
-                line = openai_batch.result_line(job, batch["endpoint"], expired=expired)
+                line = openai_batch.result_line(job, batch)
                 if line is None:
                     num_unfinished += 1
                     continue

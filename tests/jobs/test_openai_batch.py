@@ -51,10 +51,11 @@ def status_of(session_factory, batch_id):
         return BatchProgress.of(store.get_batch(session, batch_id))
 
 
-def result_lines(session_factory, batch_id, endpoint, expired=False):
+def result_lines(session_factory, batch_id):
+    batch = openai_batch.batch_object(status_of(session_factory, batch_id))
     with session_factory() as session:
         jobs = store.list_jobs(session, batch_id)
-    return [openai_batch.result_line(job, endpoint, expired=expired) for job in jobs]
+    return [openai_batch.result_line(job, batch) for job in jobs]
 
 
 def entry(token_id, logprob, token):
@@ -131,6 +132,15 @@ def test_a_refused_file_names_at_most_ten_lines_and_counts_the_rest():
     assert refusal([]) == ["no request (the file is empty)"]
 
 
+def test_an_error_names_the_field_as_the_line_spells_it():
+    assert refusal([line("a", chat(max_completion_tokens=0)), line("b", chat(logprobs=True, top_logprobs=-1)),
+                    line("c", {"messages": "Hi"})]) == [
+        "line 1: body.max_completion_tokens: must be an integer >= 1, got 0",
+        "line 2: body.top_logprobs: must be None or >= 0, got -1",
+        'line 3: body.messages: must be a list of chat messages ({"role": ..., "content": ...})',
+    ]
+
+
 def test_chat_batch_round_trips_as_openai_types(session_factory):
     openai = pytest.importorskip("openai")
     from openai.types.chat import ChatCompletion
@@ -146,7 +156,7 @@ def test_chat_batch_round_trips_as_openai_types(session_factory):
                                           num_cached_tokens=4))
     finish(session_factory, bad, JobResult.failure("engine failed"))
 
-    out, err = result_lines(session_factory, batch_id, CHAT_COMPLETIONS)
+    out, err = result_lines(session_factory, batch_id)
     body = ChatCompletion.model_validate(out["response"]["body"])
     assert (out["custom_id"], out["response"]["status_code"], out["response"]["request_id"], out["error"]) == (
         "r1", 200, str(ok.id), None)
@@ -174,7 +184,7 @@ def test_completion_and_classification_results_validate(session_factory):
     batch_id, [job] = store_batch(session_factory, [line("c", {"prompt": "Tea is", "max_tokens": 3}, url=COMPLETIONS)])
     finish(session_factory, job, JobResult(status=JobStatus.SUCCEEDED, output_text=" hot", finish_reason="length",
                                            num_prompt_tokens=3, num_completion_tokens=3))
-    [out] = result_lines(session_factory, batch_id, COMPLETIONS)
+    [out] = result_lines(session_factory, batch_id)
     body = openai.types.Completion.model_validate(out["response"]["body"])
     assert (body.object, body.choices[0].text, body.choices[0].finish_reason, body.usage.total_tokens) == (
         "text_completion", " hot", "length", 6)
@@ -183,7 +193,7 @@ def test_completion_and_classification_results_validate(session_factory):
                                                          url=CLASSIFICATIONS)])
     finish(session_factory, job, JobResult(status=JobStatus.SUCCEEDED, label="tea",
                                            label_probs={"tea": 0.75, "coffee": 0.25}, num_prompt_tokens=4))
-    [out] = result_lines(session_factory, batch_id, CLASSIFICATIONS)
+    [out] = result_lines(session_factory, batch_id)
     assert {k: out["response"]["body"][k] for k in ("object", "label", "label_probs", "usage")} == {
         "object": "classification", "label": "tea", "label_probs": {"tea": 0.75, "coffee": 0.25},
         "usage": {"prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}}
@@ -214,7 +224,7 @@ def test_a_batch_past_its_window_expires_and_its_unrun_requests_are_cancelled(se
     batch = openai.types.Batch.model_validate(openai_batch.batch_object(status_of(session_factory, batch_id)))
     assert (batch.status, batch.expired_at, batch.request_counts.completed, batch.request_counts.total) == (
         "expired", int((created_at + timedelta(hours=2)).timestamp()), 1, 2)
-    out, err = result_lines(session_factory, batch_id, CHAT_COMPLETIONS, expired=True)
+    out, err = result_lines(session_factory, batch_id)
     assert out["response"]["status_code"] == 200 and err["error"]["code"] == "batch_expired"
     with session_factory.begin() as session:  # expired once; a finished batch never expires
         assert not openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(hours=3))
