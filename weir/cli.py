@@ -401,12 +401,26 @@ def cmd_batch_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _output_file(files: Any, path: str) -> Any:
+    """``export.atomic_output(path)`` entered on ``files`` (an ``ExitStack``).
+
+    Raises:
+        ValueError: the file cannot be created (the message names ``path``).
+    """
+    from weir.jobs import export
+
+    try:
+        return files.enter_context(export.atomic_output(path))
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def cmd_batch_results(args: argparse.Namespace) -> int:
     """Write a batch's output file (and error file) in OpenAI's line format, in submission order."""
     import contextlib
     import json
 
-    from weir.jobs import export, openai_batch
+    from weir.jobs import openai_batch
     from weir.jobs.client import Client
 
     client = Client(get_settings())
@@ -415,8 +429,8 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
         batch_id = _batch_uuid(args.batch_id)
         batch = _openai_batch(client, batch_id)
         with contextlib.ExitStack() as files:
-            output = files.enter_context(export.atomic_output(args.output))
-            errors = output if args.errors is None else files.enter_context(export.atomic_output(args.errors))
+            output = _output_file(files, args.output)
+            errors = output if args.errors is None else _output_file(files, args.errors)
             for job in client.iter_jobs(batch_id):
                 line = openai_batch.result_line(job, batch)
                 if line is None:
@@ -435,7 +449,7 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     finally:
         client.close()
-    where = f"{args.errors}" if args.errors is not None else args.output
+    where = args.errors or args.output
     print(f"{num_output} responses in {args.output}, {num_errors} errors in {where}", file=sys.stderr)
     if num_unfinished:
         print(f"weir batch results: batch {batch_id} is {batch['status']}: {num_unfinished} requests not "
