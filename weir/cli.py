@@ -1,4 +1,5 @@
-"""The ``weir`` command line: ``worker``, ``enrich``, ``sweep``, ``cancel``, ``db``, ``health``, ``bench``.
+"""The ``weir`` command line: ``worker``, ``enrich``, ``sweep``, ``cancel``, ``batch``, ``db``, ``health``,
+``bench``.
 
 Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
 differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error
@@ -304,6 +305,158 @@ def cmd_results(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _batch_uuid(text: str) -> Any:
+    import uuid
+
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a batch id (a UUID)") from None
+
+
+def _metadata_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    metadata = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--metadata {pair!r} is not KEY=VALUE")
+        metadata[key] = value
+    return metadata
+
+
+def cmd_batch_submit(args: argparse.Namespace) -> int:
+    """Validate an OpenAI batch request file whole, store and publish it as one batch, print its id."""
+    from weir.jobs import openai_batch
+    from weir.jobs.client import Client
+
+    try:
+        metadata = _metadata_pairs(args.metadata)
+        openai_batch.check_metadata(metadata)
+        openai_batch.parse_completion_window(args.completion_window)
+    except ValueError as exc:
+        print(f"weir batch submit: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = get_settings()
+    problem = _ensure_schema(settings)
+    if problem:
+        print(f"weir batch submit: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    client = Client(settings)
+    try:
+        try:
+            with open(args.file, encoding="utf-8") as lines:
+                batch_file = openai_batch.parse_batch_file(lines, model=client.model, path=args.file)
+        except openai_batch.BatchFileError as exc:
+            for line in str(exc).splitlines():
+                print(f"weir batch submit: {line}", file=sys.stderr)
+            return EXIT_USAGE
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"weir batch submit: cannot read {args.file}: {getattr(exc, 'strerror', None) or exc}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        meta = openai_batch.batch_metadata(batch_file.endpoint, args.file, args.completion_window, metadata)
+        try:
+            batch_id = client.enqueue_batch(batch_file.requests, metadata=meta)
+        except ValueError as exc:  # a prompt too long for the model
+            print(f"weir batch submit: {args.file}: {exc}; nothing was stored", file=sys.stderr)
+            return EXIT_USAGE
+    finally:
+        client.close()
+    print(batch_id)
+    return EXIT_OK
+
+
+def _openai_batch(client: Any, batch_id: Any) -> dict[str, Any]:
+    """The batch's OpenAI Batch object, once expired if its completion window has passed."""
+    from weir.jobs import openai_batch
+    from weir.jobs.client import retry_on_conflict
+
+    def expire() -> bool:
+        with client.session_factory.begin() as session:
+            return openai_batch.expire_if_due(session, batch_id)
+
+    retry_on_conflict(expire)
+    return openai_batch.batch_object(client.batch_status(batch_id))
+
+
+def cmd_batch_status(args: argparse.Namespace) -> int:
+    """Print a batch submitted from a request file as an OpenAI Batch object (JSON)."""
+    import json
+
+    from weir.jobs.client import Client
+
+    client = Client(get_settings())
+    try:
+        if args.action == "cancel":
+            batch_id = _batch_uuid(args.batch_id)
+            _openai_batch(client, batch_id)  # an OpenAI batch, expired if due
+            client.cancel(batch_id)
+        batch = _openai_batch(client, _batch_uuid(args.batch_id))
+    except (LookupError, ValueError) as exc:
+        print(f"weir batch {args.action}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        client.close()
+    print(json.dumps(batch, indent=2))
+    return EXIT_OK
+
+
+def _output_file(files: Any, path: str) -> Any:
+    """``export.atomic_output(path)`` entered on ``files`` (an ``ExitStack``).
+
+    Raises:
+        ValueError: the file cannot be created (the message names ``path``).
+    """
+    from weir.jobs import export
+
+    try:
+        return files.enter_context(export.atomic_output(path))
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def cmd_batch_results(args: argparse.Namespace) -> int:
+    """Write a batch's output file (and error file) in OpenAI's line format, in submission order."""
+    import contextlib
+    import json
+
+    from weir.jobs import openai_batch
+    from weir.jobs.client import Client
+
+    client = Client(get_settings())
+    num_output = num_errors = num_unfinished = 0
+    try:
+        batch_id = _batch_uuid(args.batch_id)
+        batch = _openai_batch(client, batch_id)
+        with contextlib.ExitStack() as files:
+            output = _output_file(files, args.output)
+            errors = output if args.errors is None else _output_file(files, args.errors)
+            for job in client.iter_jobs(batch_id):
+                line = openai_batch.result_line(job, batch)
+                if line is None:
+                    num_unfinished += 1
+                    continue
+                is_error = openai_batch.is_error(line)
+                (errors if is_error else output).write(json.dumps(line) + "\n")
+                num_errors += is_error
+                num_output += not is_error
+    except (LookupError, ValueError) as exc:
+        print(f"weir batch results: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"weir batch results: cannot write {exc.filename or args.output}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        client.close()
+    where = args.errors or args.output
+    print(f"{num_output} responses in {args.output}, {num_errors} errors in {where}", file=sys.stderr)
+    if num_unfinished:
+        print(f"weir batch results: batch {batch_id} is {batch['status']}: {num_unfinished} requests not "
+              "finished yet are left out", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     """Run Alembic migrations on ``WEIR_DATABASE_URL`` (or the local SQLite file), or recount
     unfinished batches (``reconcile``)."""
@@ -430,6 +583,34 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write to FILE (replaced only once complete) instead of stdout")
     results.set_defaults(func=cmd_results)
 
+    batch = command("batch", "OpenAI batch files: submit a request file, follow the batch, write its "
+                             "output and error files")
+    batch_commands = batch.add_subparsers(dest="batch_command", required=True, metavar="ACTION")
+    submit = batch_commands.add_parser(
+        "submit", help="validate an OpenAI batch request file (JSON Lines) whole, enqueue it, print the batch id")
+    submit.add_argument("file", help="request file: one {custom_id, method, url, body} per line; url "
+                                     "/v1/chat/completions, /v1/completions or /v1/classifications")
+    submit.add_argument("--completion-window", default="24h",
+                        help="expire the batch (cancel what has not run) this long after it was created: "
+                             "24h, 90m, 3600s (default 24h)")
+    submit.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
+                        help="a metadata pair kept with the batch (repeatable; at most 16)")
+    submit.set_defaults(func=cmd_batch_submit)
+    for action, help in (("status", "print the batch as an OpenAI Batch object (JSON)"),
+                         ("cancel", "cancel the batch's unfinished requests; print the Batch object")):
+        sub = batch_commands.add_parser(action, help=help)
+        sub.add_argument("batch_id", help="the batch's id (printed by weir batch submit)")
+        sub.set_defaults(func=cmd_batch_status, action=action)
+    batch_results = batch_commands.add_parser(
+        "results", help="write the batch's output file and error file in OpenAI's line format")
+    batch_results.add_argument("batch_id", help="the batch's id (printed by weir batch submit)")
+    batch_results.add_argument("--output", metavar="FILE", required=True,
+                               help="output file: one line per succeeded request (replaced only once complete)")
+    batch_results.add_argument("--errors", metavar="FILE", default=None,
+                               help="error file: one line per failed, cancelled or expired request (default: "
+                                    "those lines go in the output file, as vLLM's run-batch writes them)")
+    batch_results.set_defaults(func=cmd_batch_results)
+
     db = command("db", "migrate the results database (WEIR_DATABASE_URL), or repair batch counters")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     upgrade = db_commands.add_parser(
@@ -489,7 +670,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         broker_url=settings.worker.broker_url if settings else None)
         if line is None:
             raise
-        name = " ".join(filter(None, [args.command, getattr(args, "db_command", None)]))
+        name = " ".join(filter(None, [args.command, getattr(args, "db_command", None),
+                                    getattr(args, "batch_command", None)]))
         print(f"weir {name}: {line}", file=sys.stderr)
         return EXIT_FAILED if isinstance(exc, PublishError) else EXIT_USAGE
 

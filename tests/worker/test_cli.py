@@ -349,3 +349,55 @@ def test_ctrl_c_stops_a_worker_with_status_130_and_no_traceback(worker_env, tmp_
     finally:
         worker.kill()
     assert "Warm shutdown" in worker.log() and "Traceback" not in worker.log()
+
+
+def _chat_line(custom_id, **body):
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"messages": [{"role": "user", "content": "Hi"}], **body}}) + "\n"
+
+
+def test_batch_submit_refuses_a_bad_file_naming_each_line_and_stores_nothing(tmp_path):
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(_chat_line("a", temperature=-1) + _chat_line("b") + _chat_line("c", logit_bias={}))
+    db = tmp_path / "w.db"
+    done = weir("batch", "submit", str(requests), env_overrides={"WEIR_SQLITE_PATH": str(db)})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"weir batch submit: {requests}: line 1: body.temperature: must be a finite number >= 0, got -1",
+        f"weir batch submit: {requests}: line 3: body.logit_bias: not supported for /v1/chat/completions",
+        f"weir batch submit: {requests}: 2 bad lines; nothing was stored"]
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM batches").fetchone() == (0,)
+    bad_option = weir("batch", "submit", str(requests), "--completion-window", "1d",
+                      env_overrides={"WEIR_SQLITE_PATH": str(db)})
+    assert (bad_option.returncode, bad_option.stderr) == (
+        2, "weir batch submit: completion window '1d' is not a duration like 24h, 90m or 3600s\n")
+
+
+def test_batch_submit_status_cancel_and_results(redis_url, queue, tiny_model_dir, tmp_path):
+    openai = pytest.importorskip("openai")
+    worker_env = {"WEIR_BROKER_URL": redis_url, "WEIR_QUEUE": queue, "WEIR_MODEL": tiny_model_dir,
+                  "WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(_chat_line("a", max_tokens=4) + "\n" + _chat_line("b", max_completion_tokens=4))
+    submitted = weir("batch", "submit", str(requests), "--metadata", "team=search", env_overrides=worker_env)
+    assert submitted.returncode == 0, submitted.stderr
+    batch_id = submitted.stdout.strip()
+
+    status = weir("batch", "status", batch_id, env_overrides=worker_env)
+    assert status.returncode == 0, status.stderr
+    batch = openai.types.Batch.model_validate_json(status.stdout)
+    assert (batch.id, batch.status, batch.input_file_id, batch.endpoint, batch.metadata, batch.request_counts.total) \
+        == (batch_id, "in_progress", str(requests), "/v1/chat/completions", {"team": "search"}, 2)
+
+    cancelled = openai.types.Batch.model_validate_json(
+        weir("batch", "cancel", batch_id, env_overrides=worker_env).stdout)
+    assert cancelled.status == "cancelled" and cancelled.cancelled_at is not None
+
+    output, errors = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    results = weir("batch", "results", batch_id, "--output", str(output), "--errors", str(errors),
+                   env_overrides=worker_env)
+    assert (results.returncode, results.stderr) == (0, f"0 responses in {output}, 2 errors in {errors}\n")
+    assert output.read_text() == ""
+    assert [(line["custom_id"], line["response"], line["error"]["code"])
+            for line in map(json.loads, errors.read_text().splitlines())] == [
+        ("a", None, "batch_cancelled"), ("b", None, "batch_cancelled")]

@@ -1,0 +1,239 @@
+"""OpenAI batch files: request lines parsed into weir requests, stored, and read back as output and
+error lines and a Batch object that the ``openai`` package's own types accept."""
+
+import json
+from datetime import timedelta, timezone
+
+import pytest
+
+from weir.jobs import openai_batch, store
+from weir.jobs.client import BatchProgress
+from weir.jobs.db import BatchStatus, JobStatus
+from weir.jobs.openai_batch import (
+    CHAT_COMPLETIONS, CLASSIFICATIONS, COMPLETIONS, BatchFileError, parse_batch_file,
+)
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest
+from weir.jobs.store import JobResult
+
+MODEL = "tiny"
+
+
+def line(custom_id, body, url=CHAT_COMPLETIONS, method="POST"):
+    return json.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
+
+
+def chat(text="Hi", **fields):
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], **fields}
+
+
+def refusal(lines):
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file(lines, model=MODEL, path="in.jsonl")
+    return caught.value.errors
+
+
+def store_batch(session_factory, lines, window="24h"):
+    parsed = parse_batch_file(lines, model=MODEL)
+    metadata = openai_batch.batch_metadata(parsed.endpoint, "in.jsonl", window, {"team": "search"})
+    with session_factory.begin() as session:
+        batch, jobs = store.create_batch(session, parsed.requests, model=MODEL, metadata=metadata)
+    return batch.id, jobs
+
+
+def finish(session_factory, job, result):
+    with session_factory.begin() as session:
+        claimed = store.claim_job(session, job.id)
+        assert store.record_result(session, claimed, result)
+
+
+def status_of(session_factory, batch_id):
+    with session_factory() as session:
+        return BatchProgress.of(store.get_batch(session, batch_id))
+
+
+def result_lines(session_factory, batch_id):
+    batch = openai_batch.batch_object(status_of(session_factory, batch_id))
+    with session_factory() as session:
+        jobs = store.list_jobs(session, batch_id)
+    return [openai_batch.result_line(job, batch) for job in jobs]
+
+
+def entry(token_id, logprob, token):
+    return {"token_id": token_id, "logprob": logprob, "rank": 1, "decoded_token": token}
+
+
+def test_chat_body_maps_onto_generate_request():
+    parsed = parse_batch_file([
+        line("a", chat(max_completion_tokens=5, logprobs=True, top_logprobs=2, stop="\n", seed=7,
+                       temperature=0.5, top_p=0.9, n=2, presence_penalty=0.1, frequency_penalty=0.2)),
+        line("b", {"messages": [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": [{"type": "text", "text": "Hi "},
+                                                             {"type": "text", "text": "there"}]}],
+                   "response_format": {"type": "json_object"}}),
+    ], model=MODEL)
+    a, b = parsed.requests
+    assert parsed.endpoint == CHAT_COMPLETIONS
+    assert (a.custom_id, a.engine_prompt(), a.max_tokens, a.logprobs, a.stop, a.seed, a.temperature, a.top_p,
+            a.n, a.presence_penalty, a.frequency_penalty) == (
+        "a", [{"role": "user", "content": "Hi"}], 5, 2, ["\n"], 7, 0.5, 0.9, 2, 0.1, 0.2)
+    assert b.engine_prompt() == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    assert b.structured_outputs is None and b.sampling_params().structured_outputs.json_object is True
+
+
+def test_completion_and_classification_bodies_map_onto_weir_requests():
+    [completion] = parse_batch_file([line("c", {"prompt": "Tea is", "max_tokens": 3, "logprobs": 1},
+                                          url=COMPLETIONS)], model=MODEL).requests
+    assert isinstance(completion, GenerateRequest)
+    assert (completion.engine_prompt(), completion.max_tokens, completion.logprobs) == ("Tea is", 3, 1)
+    [classify] = parse_batch_file([line("k", {"model": MODEL, "prompt": "Green tea", "labels": ["tea", "coffee"],
+                                              "system_prompt": "Classify."}, url=CLASSIFICATIONS)],
+                                  model=MODEL).requests
+    assert isinstance(classify, ClassifyRequest)
+    assert (classify.labels, classify.system_prompt, classify.custom_id) == (["tea", "coffee"], "Classify.", "k")
+
+
+def test_bad_lines_are_refused_each_by_line_number_and_field():
+    errors = refusal([
+        "not json",
+        line("a", chat(temperature=-1)),
+        line("b", chat(user="me")),
+        "",
+        line("c", chat(model="gpt-4o")),
+        line("d", chat(), method="GET"),
+        line("a", chat()),
+        line("e", {"prompt": "x"}, url=COMPLETIONS),
+        line("f", chat(max_tokens=4, max_completion_tokens=4)),
+        line("g", chat(top_logprobs=2)),
+        line("h", {"messages": [{"role": "user", "content": ""}]}),
+    ])
+    assert errors == [
+        "line 1: not JSON (Expecting value: line 1 column 1 (char 0))",
+        "line 2: body.temperature: must be a finite number >= 0, got -1",
+        "line 3: body.user: not supported for /v1/chat/completions",
+        "line 5: body.model: 'gpt-4o' is not the workers' model 'tiny'",
+        "line 6: method: must be \"POST\", not 'GET'",
+        "line 7: custom_id: 'a' is already line 2's",
+        "line 8: url: /v1/completions differs from line 2's /v1/chat/completions; a batch file has one endpoint",
+        "line 9: body.max_completion_tokens: give max_tokens or max_completion_tokens, not both",
+        "line 10: body.top_logprobs: needs logprobs: true",
+        "line 11: body.messages[0].content: String should have at least 1 character",
+    ]
+
+
+def test_a_refused_file_names_at_most_ten_lines_and_counts_the_rest():
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line(str(i), chat(n=0)) for i in range(12)], model=MODEL, path="in.jsonl")
+    assert caught.value.num_bad_lines == 12 and len(caught.value.errors) == 10
+    assert str(caught.value).splitlines()[-3:] == [
+        "in.jsonl: line 10: body.n: must be an integer >= 1, got 0",
+        "in.jsonl: ... and 2 more bad lines",
+        "in.jsonl: 12 bad lines; nothing was stored",
+    ]
+    assert refusal([]) == ["no request (the file is empty)"]
+
+
+def test_an_error_names_the_field_as_the_line_spells_it():
+    assert refusal([line("a", chat(max_completion_tokens=0)), line("b", chat(logprobs=True, top_logprobs=-1)),
+                    line("c", {"messages": "Hi"})]) == [
+        "line 1: body.max_completion_tokens: must be an integer >= 1, got 0",
+        "line 2: body.top_logprobs: must be None or >= 0, got -1",
+        'line 3: body.messages: must be a list of chat messages ({"role": ..., "content": ...})',
+    ]
+
+
+def test_chat_batch_round_trips_as_openai_types(session_factory):
+    openai = pytest.importorskip("openai")
+    from openai.types.chat import ChatCompletion
+
+    batch_id, (ok, bad) = store_batch(session_factory, [line("r1", chat(logprobs=True, top_logprobs=1)),
+                                                        line("r2", chat("Hello"))])
+    completions = [{"index": 0, "text": "Tea.", "finish_reason": "stop", "stop_reason": None, "num_tokens": 2,
+                    "cumulative_logprob": -0.5, "parsed": None,
+                    "logprobs": [[entry(5, -0.25, "Tea"), entry(6, -1.5, "Coffee")],
+                                 [entry(7, -0.25, "."), entry(7, -0.25, ".")]]}]
+    finish(session_factory, ok, JobResult(status=JobStatus.SUCCEEDED, output_text="Tea.", finish_reason="stop",
+                                          completions=completions, num_prompt_tokens=9, num_completion_tokens=2,
+                                          num_cached_tokens=4))
+    finish(session_factory, bad, JobResult.failure("engine failed"))
+
+    out, err = result_lines(session_factory, batch_id)
+    body = ChatCompletion.model_validate(out["response"]["body"])
+    assert (out["custom_id"], out["response"]["status_code"], out["response"]["request_id"], out["error"]) == (
+        "r1", 200, str(ok.id), None)
+    assert (body.object, body.model, body.choices[0].message.content, body.choices[0].finish_reason) == (
+        "chat.completion", MODEL, "Tea.", "stop")
+    assert (body.usage.prompt_tokens, body.usage.completion_tokens, body.usage.total_tokens,
+            body.usage.prompt_tokens_details.cached_tokens) == (9, 2, 11, 4)
+    tokens = body.choices[0].logprobs.content
+    assert [(t.token, t.logprob, [(top.token, top.logprob) for top in t.top_logprobs]) for t in tokens] == [
+        ("Tea", -0.25, [("Coffee", -1.5)]), (".", -0.25, [(".", -0.25)])]
+    assert err == {"id": f"batch_req_{bad.id.hex}", "custom_id": "r2", "response": None,
+                   "error": {"code": "job_failed", "message": "engine failed"}}
+    assert openai_batch.is_error(err) and not openai_batch.is_error(out)
+
+    batch = openai.types.Batch.model_validate(openai_batch.batch_object(status_of(session_factory, batch_id)))
+    assert (batch.object, batch.endpoint, batch.input_file_id, batch.completion_window, batch.status,
+            batch.metadata) == ("batch", CHAT_COMPLETIONS, "in.jsonl", "24h", "completed", {"team": "search"})
+    assert batch.request_counts == openai.types.BatchRequestCounts(total=2, completed=1, failed=1)
+    assert batch.expires_at - batch.created_at == 24 * 3600 and batch.completed_at is not None
+
+
+def test_completion_and_classification_results_validate(session_factory):
+    openai = pytest.importorskip("openai")
+
+    batch_id, [job] = store_batch(session_factory, [line("c", {"prompt": "Tea is", "max_tokens": 3}, url=COMPLETIONS)])
+    finish(session_factory, job, JobResult(status=JobStatus.SUCCEEDED, output_text=" hot", finish_reason="length",
+                                           num_prompt_tokens=3, num_completion_tokens=3))
+    [out] = result_lines(session_factory, batch_id)
+    body = openai.types.Completion.model_validate(out["response"]["body"])
+    assert (body.object, body.choices[0].text, body.choices[0].finish_reason, body.usage.total_tokens) == (
+        "text_completion", " hot", "length", 6)
+
+    batch_id, [job] = store_batch(session_factory, [line("k", {"prompt": "Green tea", "labels": ["tea", "coffee"]},
+                                                         url=CLASSIFICATIONS)])
+    finish(session_factory, job, JobResult(status=JobStatus.SUCCEEDED, label="tea",
+                                           label_probs={"tea": 0.75, "coffee": 0.25}, num_prompt_tokens=4))
+    [out] = result_lines(session_factory, batch_id)
+    assert {k: out["response"]["body"][k] for k in ("object", "label", "label_probs", "usage")} == {
+        "object": "classification", "label": "tea", "label_probs": {"tea": 0.75, "coffee": 0.25},
+        "usage": {"prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4}}
+
+
+def test_status_mapping():
+    meta = openai_batch.batch_metadata(CHAT_COMPLETIONS, "in.jsonl", "24h")
+    assert {status.value: openai_batch.openai_status(status, meta) for status in BatchStatus} == {
+        "validating": "validating", "queued": "in_progress", "in_progress": "in_progress",
+        "completed": "completed", "failed": "completed", "cancelled": "cancelled"}
+    expired = {**meta, "openai_batch": {**meta["openai_batch"], "expired_at": 1}}
+    assert openai_batch.openai_status(BatchStatus.CANCELLED, expired) == "expired"
+
+
+def test_a_batch_past_its_window_expires_and_its_unrun_requests_are_cancelled(session_factory):
+    openai = pytest.importorskip("openai")
+
+    batch_id, (done, waiting) = store_batch(session_factory, [line("a", chat()), line("b", chat())], window="2h")
+    finish(session_factory, done, JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop",
+                                            num_prompt_tokens=1, num_completion_tokens=1))
+    created_at = status_of(session_factory, batch_id).created_at
+    created_at = created_at if created_at.tzinfo else created_at.replace(tzinfo=timezone.utc)  # naive on SQLite
+    with session_factory.begin() as session:
+        assert not openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(minutes=119))
+    assert status_of(session_factory, batch_id).status == BatchStatus.IN_PROGRESS
+    with session_factory.begin() as session:
+        assert openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(hours=2))
+    batch = openai.types.Batch.model_validate(openai_batch.batch_object(status_of(session_factory, batch_id)))
+    assert (batch.status, batch.expired_at, batch.request_counts.completed, batch.request_counts.total) == (
+        "expired", int((created_at + timedelta(hours=2)).timestamp()), 1, 2)
+    out, err = result_lines(session_factory, batch_id)
+    assert out["response"]["status_code"] == 200 and err["error"]["code"] == "batch_expired"
+    with session_factory.begin() as session:  # expired once; a finished batch never expires
+        assert not openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(hours=3))
+
+
+def test_batch_metadata_follows_openai_rules():
+    with pytest.raises(ValueError, match="completion window '1d' is not a duration like 24h, 90m or 3600s"):
+        openai_batch.batch_metadata(CHAT_COMPLETIONS, "in.jsonl", "1d")
+    with pytest.raises(ValueError, match="metadata has 17 pairs; at most 16"):
+        openai_batch.check_metadata({str(i): "v" for i in range(17)})
+    with pytest.raises(ValueError, match="metadata key 'openai_batch' is weir's own"):
+        openai_batch.check_metadata({"openai_batch": "x"})
