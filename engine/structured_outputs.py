@@ -122,15 +122,16 @@ def _grammar(spec: StructuredOutputsParams) -> "xgrammar.Grammar":
         if found:
             raise ValueError(f"structured_outputs.json is not supported: {found} would not be enforced "
                              "(weir.engine.structured_outputs.SUPPORTED_KEYWORDS lists what is)")
+    if kind == "regex":
+        found = inner_anchor(spec.regex)
+        if found:
+            raise ValueError(f"structured_outputs.regex is not supported: anchor {found}; the whole "
+                             "output is matched, so '^' and '$' are allowed only at the pattern's ends")
     try:
         if kind == "json":
             return xgr.Grammar.from_json_schema(json.dumps(_schema(spec)),
                                                 any_whitespace=not spec.disable_any_whitespace)
         if kind == "regex":
-            found = inner_anchor(spec.regex)
-            if found:
-                raise ValueError(f"structured_outputs.regex is not supported: anchor {found}; the whole "
-                                 "output is matched, so '^' and '$' are allowed only at the pattern's ends")
             return xgr.Grammar.from_regex(spec.regex)
         if kind == "choice":
             return xgr.Grammar.from_ebnf(choice_grammar(spec.choice))

@@ -254,11 +254,14 @@ def _retry_sampling(where: str, value: Any, sampling: dict[str, Any]) -> dict[st
 def _extract_fields(where: str, value: Any) -> dict[str, Any]:
     """``[extract.fields]``: each a JSON Schema the structured-outputs backend enforces."""
     if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-        raise SpecError(f"{where}: [extract.fields] must map each field name to its JSON Schema "
-                        "(an inline table such as {{ type = \"string\" }})")
+        bad = next((k for k, v in value.items() if not isinstance(v, dict)), None) if isinstance(value, dict) else None
+        raise SpecError(f"{where}: [extract.fields] must map each field name to its JSON Schema, an inline "
+                        'table such as { type = "string" }' + (f"; {bad} is {value[bad]!r}" if bad else ""))
     from weir.engine.structured_outputs import unsupported_schema_keyword
 
     for name, sub in value.items():
+        if not name.strip():
+            raise SpecError(f"{where}: [extract.fields] has an empty field name")
         found = unsupported_schema_keyword(sub, f"#/{name}")
         if found:
             raise SpecError(f"{where}: [extract.fields] {name}: keyword {found} is not supported")
@@ -348,6 +351,12 @@ def _check_extract(where: str, extract: Extract) -> None:
     from weir.engine.sampling_params import StructuredOutputsParams
     from weir.engine.structured_outputs import check
 
+    for name, sub in extract.fields.items():  # each alone first, so that the error names the field
+        try:
+            check(StructuredOutputsParams(json=sub))
+        except ValueError as exc:
+            reason = str(exc).split(" is not supported: ", 1)[-1]
+            raise SpecError(f"{where}: [extract.fields] {name}: not a schema the grammar can enforce: {reason}") from None
     try:
         check(StructuredOutputsParams(json=extract.schema))
     except ValueError as exc:
@@ -360,6 +369,11 @@ def _check_extract(where: str, extract: Extract) -> None:
 
     validator = jsonschema.Draft202012Validator(extract.schema)
     for i, (_, _, answer) in enumerate(extract.worked_examples()):
+        for name, value in answer.items():
+            found = None if value is None else jsonschema.exceptions.best_match(
+                jsonschema.Draft202012Validator(extract.fields[name]).iter_errors(value))
+            if found is not None:
+                raise SpecError(f"{where}: [[extract.examples]] #{i + 1} value {name}: {found.message}")
         error = jsonschema.exceptions.best_match(validator.iter_errors(answer))
         if error is not None:
             at = "/".join(map(str, error.absolute_path))
