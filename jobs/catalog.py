@@ -378,7 +378,7 @@ def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[
         requests,
         metadata={
             "kind": "catalog_enrichment",
-            "catalog": catalog.path,
+            "catalog": catalog_key(catalog),
             "num_products": len(catalog.products) if plan is None else len(plan.todo),
             "labels": catalog.labels,
         },

@@ -157,6 +157,11 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     from weir.progress import progress_bar
 
     settings = get_settings()
+    for name in ("timeout_s", "idle_warning_s"):
+        value = getattr(args, name, None)
+        if value is not None and value < 0:
+            print(f"weir enrich: --{name.replace('_', '-')} must be >= 0, got {value:g}", file=sys.stderr)
+            return EXIT_USAGE
     if args.limit is not None and args.limit < 1:
         print(f"weir enrich: --limit must be >= 1, got {args.limit}", file=sys.stderr)
         return EXIT_USAGE
@@ -182,7 +187,11 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     def run(client: Client) -> int:
         client.prompt_checker  # load the tokenizer before the clock starts
         started = time.monotonic()
-        batch_id = enqueue_catalog(client, catalog, plan=plan)
+        try:
+            batch_id = enqueue_catalog(client, catalog, plan=plan)
+        except ValueError as exc:  # two products with one id, a request the schema refuses
+            print(f"weir enrich: {args.catalog}: {' '.join(str(exc).split())}; nothing was stored", file=sys.stderr)
+            return EXIT_USAGE
         num_jobs = client.batch_status(batch_id).num_jobs
         print(f"batch {batch_id}: {num_jobs} jobs on queue {client.queue}", file=sys.stderr)
         idle_s = args.idle_warning_s if settings.worker.broker_url and args.idle_warning_s > 0 else None

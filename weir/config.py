@@ -111,6 +111,10 @@ class WorkerSettings(_WeirSettings):
         # would retry connecting to it forever
         if url and "://" not in url:
             raise ValueError(f"{url!r} is not a broker URL (expected redis://host:port/db)")
+        # the sweeper, the queue checks and the priority levels read Redis lists: Redis only
+        if url and url.split("://", 1)[0].lower() not in ("redis", "rediss", "redis+socket"):
+            raise ValueError(f"{url!r} is not a Redis URL (expected redis://host:port/db or rediss://...); "
+                             "weir runs on Redis only")
         return url or None
 
     @property
