@@ -94,6 +94,8 @@ def make_app(settings: Settings) -> Celery:
         beat_schedule=beat_schedule(settings),
         timezone="UTC",
     )
+    if settings.worker.broker_url:  # an unreadable list entry is a dead letter, not the worker's end
+        app.conf.broker_transport = "weir.worker.transport:Transport"
     return app
 
 

@@ -6,6 +6,7 @@ must catch jobs in flight run the 16-layer ``slow_model_dir``, so the engine's o
 not let a batch finish before the fault lands.
 """
 
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import time
 import uuid
 
 import pytest
+import redis
 from sqlalchemy import make_url, select, text
 
 from weir.jobs import names, store
@@ -340,6 +342,13 @@ def test_malformed_messages_become_dead_letters_and_the_worker_goes_on(start_wor
         producer.publish({"hello": "world"}, exchange="", routing_key=client.queue, serializer="json")
         producer.publish(b"{not json", exchange="", routing_key=client.queue,
                          content_type="application/json", content_encoding="utf-8")
+    # list entries kombu cannot read at all: not JSON, and a body its base64 cannot decode
+    raw = redis.Redis.from_url(client.settings.worker.broker_url)
+    raw.lpush(client.queue, "not json at all")
+    raw.lpush(client.queue, json.dumps({
+        "body": "xx", "content-encoding": "utf-8", "content-type": "application/json", "headers": {},
+        "properties": {"body_encoding": "base64", "delivery_tag": "t", "priority": 0,
+                       "delivery_info": {"exchange": "", "routing_key": client.queue}}}))
 
     # Unicode through the queue, the engine and the database, byte for byte.
     labels = ["🍵 緑茶", "صابون ‏عطري", "石鹸 🧼"]
@@ -366,13 +375,15 @@ def test_malformed_messages_become_dead_letters_and_the_worker_goes_on(start_wor
                 select(DeadLetter.task, DeadLetter.reason).where(DeadLetter.queue == client.queue)
             ).all()
 
-    wait_until(lambda: len(letters()) == 5, timeout_s=30, what="5 dead letters")
+    wait_until(lambda: len(letters()) == 7, timeout_s=30, what="7 dead letters")
     assert sorted(letters(), key=lambda r: r.reason) == sorted([
         (names.RUN_JOB, "job id 'not-a-uuid' is not a UUID"),
         (names.RUN_JOB, "run_job takes args [job_id], got args [1, 2] kwargs {}"),
         ("weir.no_such_task", "unknown task 'weir.no_such_task'"),
         (None, "not a task message"),
         (None, "cannot decode the message body: " + _decode_error_reason(worker.log())),
+        (None, "not a readable message: JSONDecodeError: Expecting value: line 1 column 1 (char 0)"),
+        (None, "not a readable message: Error: Incorrect padding"),
     ], key=lambda r: r[1])
     assert unknown.id in worker.log() and worker.is_alive()
 
