@@ -25,6 +25,12 @@ def _database_reason(exc: BaseException) -> str:
     return reason.removeprefix("FATAL: ").split(" (Background on this error", 1)[0]
 
 
+def _is_missing_table(exc: BaseException) -> bool:
+    """A statement on a table or column the schema does not have (Postgres' undefined_table 42P01
+    or undefined_column 42703): an unmigrated or older database."""
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) in ("42P01", "42703")
+
+
 def _settings_error(exc: BaseException) -> Optional[str]:
     from pydantic import ValidationError
 
@@ -50,7 +56,7 @@ def one_line(exc: BaseException, *, database_url: Optional[str] = None,
         The line (no program name, no newline), or None: a bug, to be shown with its traceback.
     """
     from kombu.exceptions import OperationalError as BrokerError
-    from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
+    from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError, ProgrammingError
 
     from weir.jobs.client import BrokerNotConfigured, BrokerUnreachable, PublishError
 
@@ -61,6 +67,9 @@ def one_line(exc: BaseException, *, database_url: Optional[str] = None,
             return f"database error{where}: {reason}"
         hint = "; `weir db upgrade` creates it" if reason.startswith("database ") and "does not exist" in reason else ""
         return f"cannot connect to the database{where}: {reason}{hint}"
+    if isinstance(exc, ProgrammingError) and _is_missing_table(exc):
+        return (f"the database{where} has no weir tables (or an older schema): run `weir db upgrade` "
+                f"({_database_reason(exc).split('; LINE ', 1)[0]})")
     if isinstance(exc, ArgumentError):
         named = f"={database_url!r}" if database_url else ""
         return f"WEIR_DATABASE_URL{named} is not a database URL SQLAlchemy can use ({_squeeze(str(exc))})"

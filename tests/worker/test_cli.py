@@ -38,6 +38,17 @@ def test_worker_refuses_an_unmigrated_database(redis_url):
     assert "database is at revision None" in done.stderr and "run `weir db upgrade`" in done.stderr
 
 
+def test_commands_on_an_unmigrated_database_say_to_upgrade_in_one_line(redis_url):
+    with support.fresh_postgres_database() as url:
+        migrations.downgrade(url, "base")
+        env = {"WEIR_BROKER_URL": redis_url, "WEIR_DATABASE_URL": url}
+        for command in (["sweep"], ["results", "00000000-0000-0000-0000-000000000000"], ["db", "reconcile"]):
+            done = weir(*command, env_overrides=env)
+            name = " ".join(command[:2] if command[0] == "db" else command[:1])
+            assert_one_line_error(done, contains=f"weir {name}: the database at ")
+            assert "has no weir tables (or an older schema): run `weir db upgrade`" in done.stderr
+
+
 def test_db_upgrade_and_downgrade(tmp_path):
     url = f"sqlite:///{tmp_path / 'weir.db'}"
     up = weir("db", "upgrade", env_overrides={"WEIR_DATABASE_URL": url})
