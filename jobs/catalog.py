@@ -413,6 +413,7 @@ class EnrichmentSummary:
     num_attributes_cut: int = 0
     plan: Optional["EnrichmentPlan"] = None
     num_failed_products: int = 0
+    num_cancelled: int = 0
 
     @property
     def clean_rate(self) -> Optional[float]:
@@ -433,7 +434,8 @@ class EnrichmentSummary:
         return "\n".join(
             [
                 f"products:            {products}",
-                f"jobs:                {self.num_succeeded} succeeded, {self.num_failed} failed",
+                f"jobs:                {self.num_succeeded} succeeded, {self.num_failed} failed"
+                + (f", {self.num_cancelled} cancelled" if self.num_cancelled else ""),
                 f"wall time:           {self.wall_s:.1f} s",
                 f"generated tokens:    {self.num_generated_tokens} ({rate} tokens/s)",
                 f"prefix-cache hits:   {pct(self.prefix_cache_hit_rate)} of prompt tokens",
@@ -483,6 +485,7 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         num_products=len(catalog.products),
         num_succeeded=sum(r["status"] == "succeeded" for r in results),
         num_failed=sum(r["status"] == "failed" for r in results),
+        num_cancelled=sum(r["status"] == "cancelled" for r in results),
         wall_s=wall_s,
         num_generated_tokens=num_generated,
         generated_tokens_per_s=num_generated / wall_s if wall_s > 0 else None,

@@ -675,7 +675,11 @@ class Client:
         request's :class:`weir.jobs.schemas.Enrichment` as a dict, or None), ``sampling_params`` (a
         generation's sampling fields as stored, engine names, with its ``response_format`` if
         any; None for a classification). The columns are described in :class:`weir.jobs.db.Job`.
+
+        Raises:
+            LookupError: no batch has this id (on the first item asked for).
         """
+        self.batch_status(batch_id)  # an unknown batch is an error, not an empty result
         for job in self.iter_jobs(batch_id, page_size=page_size):
             yield {
                 "job_id": str(job.id),

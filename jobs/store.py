@@ -753,7 +753,8 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
         elif target.get("field") == "attributes":
             fields, name = {"attributes": result.parsed}, "attributes"
         else:
-            fields = {"description": result.output_text,
+            # the kept stop string may end in a space ("! "); the row holds the sentence alone
+            fields = {"description": None if result.output_text is None else result.output_text.strip(),
                       "quality": description_quality(result.output_text)}
             name = "description"
         if target.get("fingerprint") is not None:

@@ -209,7 +209,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
             raise
         summary = summarize(catalog, client.results(batch_id), time.monotonic() - started, plan)
         print(summary.format())
-        return EXIT_OK if final.num_failed == 0 else EXIT_FAILED
+        return EXIT_OK if final.num_failed == 0 and final.num_cancelled == 0 else EXIT_FAILED
 
     problem = _ensure_schema(settings)
     if problem:
@@ -297,7 +297,12 @@ def cmd_results(args: argparse.Namespace) -> int:
     try:
         client.batch_status(args.batch_id)
         if args.output is None:
-            write(client.results(args.batch_id), sys.stdout)
+            try:
+                write(client.results(args.batch_id), sys.stdout)
+                sys.stdout.flush()
+            except BrokenPipeError:  # `weir results B | head`: the reader has what it wanted
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return EXIT_OK
         else:
             with export.atomic_output(args.output) as out:
                 write(client.results(args.batch_id), out)

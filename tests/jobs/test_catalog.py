@@ -232,6 +232,14 @@ def test_summary_values():
     assert "attributes:          1 of 2 extracted valid (1 cut by max_tokens)" in text
 
 
+def test_summary_counts_cancelled_jobs():
+    catalog = Catalog("c.csv", [Product("1", "a", "b", "Tea", "")], ["Tea"])
+    summary = summarize(catalog, [result("classify", "cancelled", "1"), result("generate", "succeeded", "1", text="A.")],
+                        wall_s=1.0)
+    assert (summary.num_succeeded, summary.num_failed, summary.num_cancelled) == (1, 0, 1)
+    assert "jobs:                1 succeeded, 0 failed, 1 cancelled" in summary.format()
+
+
 def test_summary_of_nothing():
     summary = summarize(Catalog("c.csv", [], ["x"]), [], wall_s=0.0)
     assert (summary.accuracy, summary.prefix_cache_hit_rate, summary.generated_tokens_per_s) == (None, None, None)

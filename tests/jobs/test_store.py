@@ -316,7 +316,7 @@ def test_an_attribute_extraction_fills_attributes_and_leaves_the_description(ses
     ]
     with session_factory.begin() as session:
         batch, jobs = store.create_batch(session, requests, model="tiny")
-    run(session_factory, jobs[0].id, ok("A fine soap."))
+    run(session_factory, jobs[0].id, ok("A fine soap! "))  # the kept stop string "! " ends in a space
     value = {"brand": "Dove \u00e9", "pack_of": None}
     run(session_factory, jobs[1].id, JobResult(status=JobStatus.SUCCEEDED, output_text=json.dumps(value),
                                                finish_reason="stop", parsed=value))
@@ -327,7 +327,7 @@ def test_an_attribute_extraction_fills_attributes_and_leaves_the_description(ses
         rows = session.scalars(select(ProductEnrichment).where(ProductEnrichment.source_batch_id == batch.id)
                                .order_by(ProductEnrichment.product_id)).all()
     assert [(r.product_id, r.description, r.quality, r.attributes, r.category) for r in rows] == [
-        ("17", "A fine soap.", "ok", {"brand": "Dove \u00e9", "pack_of": None}, None),
+        ("17", "A fine soap!", "ok", {"brand": "Dove \u00e9", "pack_of": None}, None),
         ("18", None, None, None, None)]
 
 
