@@ -81,6 +81,9 @@ class Catalog:
     label_hints: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     pool: list[Labelled] = dataclasses.field(default_factory=list)
     spec: JobSpec = JobSpec()
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Rows passed over before the last product kept, by reason (``no id ('index' empty)``,
+    ``no name ('product' empty)``)."""
 
 
 def label_path(cell: str, taxonomy: Taxonomy) -> list[str]:
@@ -149,6 +152,7 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
         if missing:
             raise ValueError(f"{path}: no column {', '.join(map(repr, missing))}; header is {header}")
         products: list[Product] = []
+        skipped: Counter = Counter()
         pool: list[Labelled] = []
         found: set[str] = set()
         subs: dict[str, Counter] = {}
@@ -164,6 +168,8 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
             if label and sub:
                 subs.setdefault(label, Counter())[sub] += 1
             if not field[c.id] or not field[c.name]:
+                if limit is None or len(products) < limit:
+                    skipped[f"no id ({c.id!r} empty)" if not field[c.id] else f"no name ({c.name!r} empty)"] += 1
                 continue
             if label:
                 pool.append(Labelled(field[c.id], field[c.name], field[c.brand], label))
@@ -171,13 +177,13 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
                 products.append(Product(field[c.id], field[c.name], field[c.brand], label, field[c.description]))
     if not from_column:
         labels, hints = read_taxonomy_file(t.file, t.level)
-        return Catalog(path, products, labels, hints, [], spec)
+        return Catalog(path, products, labels, hints, [], spec, dict(skipped))
     labels = sorted(found)
     if not labels:
         raise ValueError(f"{path}: column {t.column!r} holds no label in any row; name a taxonomy "
                          "file in the spec ([taxonomy] source = \"file\")")
     hints = {label: [name for name, _ in counts.most_common(NUM_LABEL_HINTS)] for label, counts in subs.items()}
-    return Catalog(path, products, labels, hints, pool, spec)
+    return Catalog(path, products, labels, hints, pool, spec, dict(skipped))
 
 
 def classify_request(product: Product, catalog: Catalog, exemplars: Optional[list[Labelled]] = None,
@@ -300,10 +306,11 @@ def spec_version(spec: JobSpec) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def product_fingerprint(product: Product, spec: JobSpec, model: str) -> str:
+def product_fingerprint(product: Product, spec: JobSpec, model: str, version: Optional[str] = None) -> str:
     """What a product's enrichment is made from: a hash (64 hex digits) of its content (every
-    :class:`Product` field), :func:`spec_version` of the job spec and the model's name."""
-    content = [dataclasses.astuple(product), spec_version(spec), model]
+    :class:`Product` field), :func:`spec_version` of the job spec (``version``, when the caller
+    has it already) and the model's name."""
+    content = [dataclasses.astuple(product), version or spec_version(spec), model]
     return hashlib.sha256(json.dumps(content, default=str).encode()).hexdigest()
 
 
@@ -339,8 +346,9 @@ def plan_enrichment(session_factory: Any, catalog: Catalog, model: str, *, full:
     wanted = 3 if catalog.spec.extract.enabled else 2  # category, description[, attributes]
     todo, fingerprints = [], {}
     num_new = num_changed = 0
+    version = spec_version(catalog.spec)
     for product in catalog.products:
-        fingerprint = fingerprints[product.product_id] = product_fingerprint(product, catalog.spec, model)
+        fingerprint = fingerprints[product.product_id] = product_fingerprint(product, catalog.spec, model, version)
         have = stored.get(product.product_id)
         if have is None or not any(have):
             num_new += 1

@@ -53,6 +53,7 @@ Layout (every table and key optional)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -181,7 +182,15 @@ class Extract:
         return {"type": "object", "additionalProperties": False, "required": list(self.fields),
                 "properties": {name: {"anyOf": [sub, {"type": "null"}]} for name, sub in self.fields.items()}}
 
+    @functools.cached_property
+    def _worked_examples(self) -> list[tuple[str, str, dict[str, Any]]]:
+        return self._build_worked_examples()
+
     def worked_examples(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """See :meth:`_build_worked_examples`; built once per spec (every product's prompt shows them)."""
+        return self._worked_examples
+
+    def _build_worked_examples(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(name, description, answer) of each worked example; the answer has every field in
         order, null where the example gives no value. With no ``examples`` in the spec, those of
         :data:`EXTRACT_EXAMPLES`, keeping each value only when its field's schema accepts it."""

@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
 from typing import Any, Optional, Sequence
 
 from weir.config import Settings, get_settings
@@ -101,27 +100,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return controller.exitcode or EXIT_OK
 
 
-def _skipped_rows(path: str, spec: Any, limit: Optional[int]) -> Counter:
-    """Rows ``read_catalog`` passes over as it collects the products, by reason: ``no id`` (the
-    id column empty) or ``no name``; only rows before the ``limit``-th product count."""
-    import csv
-
-    columns = spec.columns
-    skipped: Counter = Counter()
-    num_products = 0
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        for row in csv.DictReader(f):
-            if limit is not None and num_products >= limit:
-                break
-            if not (row.get(columns.id) or "").strip():
-                skipped[f"no id ({columns.id!r} empty)"] += 1
-            elif not (row.get(columns.name) or "").strip():
-                skipped[f"no name ({columns.name!r} empty)"] += 1
-            else:
-                num_products += 1
-    return skipped
-
-
 def _warn_if_nothing_consumes(client: Any, idle_s: float) -> None:
     """Print one warning when no worker consumes the client's queue (the batch's jobs are
     waiting ``idle_s`` after being published, none started)."""
@@ -176,7 +154,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
                 if args.spec is None and "no column" in str(exc) else "")
         print(f"weir enrich: {exc}{hint}", file=sys.stderr)
         return EXIT_USAGE
-    skipped = _skipped_rows(args.catalog, spec, args.limit)
+    skipped = catalog.skipped
     if skipped:
         reasons = ", ".join(f"{count} with {reason}" for reason, count in sorted(skipped.items()))
         print(f"weir enrich: skipped {sum(skipped.values())} rows: {reasons}", file=sys.stderr)
