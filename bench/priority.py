@@ -14,10 +14,15 @@ one run:
 - ``bulk, priority``: probes while a ``--bulk``-job batch enqueued at the catalog job's priority
   (:data:`weir.jobs.schemas.BULK_PRIORITY`, 9) runs;
 - ``bulk, no priority`` (``--fcfs-baseline``): the same with the bulk batch at priority 0, what
-  every job got before priorities (the probes queue behind the backlog).
+  every job got before priorities (the probes queue behind the backlog);
+- ``strict idle`` and ``strict bulk, priority``: the same again on a second worker with
+  ``WEIR_STRICT_PRIORITY=true`` (bulk requests are held while an interactive one runs).
 
 Printed: p50 and p99 per phase (p99 of 30 probes is their maximum but one, interpolated) and the
-ratio to idle; the target is p99 under bulk load at most 2x idle.
+ratio to idle; the target is p99 under bulk load at most 2x idle. Then the median of each stage
+(ms): ``claim`` (batch created to the job claimed by the worker: Redis, a task thread, the claim
+transaction), ``run`` (claimed to the job's result stored: the engine and the result write),
+``close`` (the result stored to the batch finished).
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def probe_latencies(client, num: int, max_tokens: int, busy=None) -> list[float]:
+def probe_latencies(client, num: int, max_tokens: int, busy=None, stages: Optional[list] = None) -> list[float]:
     """Latencies (s) of ``num`` interactive jobs sent one after another (while ``busy()`` is true,
-    when given: the probes stop early when the bulk batch ends)."""
-    from weir.jobs.db import Batch
+    when given: the probes stop early when the bulk batch ends). ``stages``, when given, gets one
+    ``(created -> claimed, claimed -> job stored, job stored -> batch finished)`` tuple (s) per probe."""
+    from sqlalchemy import select
+
+    from weir.jobs.db import Batch, Job
 
     out = []
     for i in range(num):
@@ -59,6 +67,11 @@ def probe_latencies(client, num: int, max_tokens: int, busy=None) -> list[float]
         with client.session_factory() as session:
             batch = session.get(Batch, ref.batch_id)
             out.append((batch.finished_at - batch.created_at).total_seconds())
+            if stages is not None:
+                job = session.scalars(select(Job).where(Job.batch_id == ref.batch_id)).one()
+                stages.append(tuple(t.total_seconds() for t in (
+                    job.claimed_at - batch.created_at, job.finished_at - job.claimed_at,
+                    batch.finished_at - job.finished_at)))
     return out
 
 
@@ -73,50 +86,61 @@ def run(args: argparse.Namespace) -> int:
 
     workdir = tempfile.mkdtemp(prefix="weir-priority-")
     model_dir = save_tiny_chat_model(os.path.join(workdir, "tiny-chat-llama"))
-    queue = f"weir.priority-{uuid.uuid4().hex[:8]}"
-    with temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_priority_") as database_url:
-        migrations.upgrade(database_url)
-        env = worker_env(broker_url=args.redis_url, queue=queue, database_url=database_url, model=model_dir,
-                         concurrency=args.concurrency or args.max_num_seqs, python_path=[REPO_ROOT],
-                         WEIR_SCHEDULING_POLICY="priority", WEIR_MAX_NUM_SEQS=args.max_num_seqs)
-        client = Client(Settings(engine=EngineSettings(model=model_dir),
-                                 worker=WorkerSettings(broker_url=args.redis_url, queue=queue),
-                                 database=DatabaseSettings(database_url=database_url)))
-        worker = WorkerProcess(env, os.path.join(workdir, "worker.log"), cwd=REPO_ROOT)
-        rows = []
-        try:
-            worker.wait_ready()
-            probe_latencies(client, 3, args.max_tokens)  # warm-up: first compile, first connections
-            rows.append(("idle", probe_latencies(client, args.probes, args.max_tokens), None))
-            phases = [("bulk, priority", BULK_PRIORITY)] + ([("bulk, no priority", 0)] if args.fcfs_baseline else [])
-            for name, priority in phases:
-                bulk = [GenerateRequest(prompt=f"Product {i}: describe it.", temperature=0, max_tokens=args.max_tokens)
-                        for i in range(args.bulk)]
-                started = time.monotonic()
-                batch_id = client.enqueue_batch(bulk, priority=priority)
-                time.sleep(1.0)  # the worker's threads and engine fill with bulk jobs first
-                latencies = probe_latencies(client, args.probes, args.max_tokens,
-                                            busy=lambda: not client.batch_status(batch_id).status.is_finished)
-                still_running = not client.batch_status(batch_id).status.is_finished
-                client.wait(batch_id, timeout_s=3600)
-                rows.append((name, latencies, (time.monotonic() - started, still_running)))
-        finally:
-            worker.kill()
-            client.close()
-            delete_queue_keys(redis.Redis.from_url(args.redis_url), queue)
+    # one worker per engine mode, in turn: (label, WEIR_STRICT_PRIORITY, bulk phases)
+    modes = [("", False, [("bulk, priority", BULK_PRIORITY)]
+              + ([("bulk, no priority", 0)] if args.fcfs_baseline else [])),
+             ("strict ", True, [("bulk, priority", BULK_PRIORITY)])]
+    rows = []
+    for label, strict, phases in modes:
+        queue = f"weir.priority-{uuid.uuid4().hex[:8]}"
+        with temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_priority_") as database_url:
+            migrations.upgrade(database_url)
+            env = worker_env(broker_url=args.redis_url, queue=queue, database_url=database_url, model=model_dir,
+                             concurrency=args.concurrency or args.max_num_seqs, python_path=[REPO_ROOT],
+                             WEIR_SCHEDULING_POLICY="priority", WEIR_STRICT_PRIORITY=str(strict).lower(),
+                             WEIR_MAX_NUM_SEQS=args.max_num_seqs)
+            client = Client(Settings(engine=EngineSettings(model=model_dir),
+                                     worker=WorkerSettings(broker_url=args.redis_url, queue=queue),
+                                     database=DatabaseSettings(database_url=database_url)))
+            worker = WorkerProcess(env, os.path.join(workdir, f"worker-{label or 'default'}.log"), cwd=REPO_ROOT)
+            try:
+                worker.wait_ready()
+                probe_latencies(client, 3, args.max_tokens)  # warm-up: first compile, first connections
+                stages = []
+                rows.append((label + "idle", probe_latencies(client, args.probes, args.max_tokens, stages=stages),
+                             stages, None))
+                for name, priority in phases:
+                    bulk = [GenerateRequest(prompt=f"Product {i}: describe it.", temperature=0,
+                                            max_tokens=args.max_tokens) for i in range(args.bulk)]
+                    started = time.monotonic()
+                    batch_id = client.enqueue_batch(bulk, priority=priority)
+                    time.sleep(1.0)  # the worker's threads and engine fill with bulk jobs first
+                    stages = []
+                    latencies = probe_latencies(client, args.probes, args.max_tokens, stages=stages,
+                                                busy=lambda: not client.batch_status(batch_id).status.is_finished)
+                    still_running = not client.batch_status(batch_id).status.is_finished
+                    client.wait(batch_id, timeout_s=3600)
+                    rows.append((label + name, latencies, stages, (time.monotonic() - started, still_running)))
+            finally:
+                worker.kill()
+                client.close()
+                delete_queue_keys(redis.Redis.from_url(args.redis_url), queue)
 
     idle_p50, idle_p99 = percentile(rows[0][1], 0.5), percentile(rows[0][1], 0.99)
     print(f"{args.bulk} bulk jobs, max_tokens {args.max_tokens}, WEIR_MAX_NUM_SEQS {args.max_num_seqs}, "
           f"{args.concurrency or args.max_num_seqs} task threads, {args.probes} probes per phase")
-    print(f"{'phase':20s} {'probes':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/idle':>8s} {'p99/idle':>8s}  bulk")
-    for name, lat, bulk in rows:
+    print(f"{'phase':27s} {'probes':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/idle':>8s} {'p99/idle':>8s} "
+          f"{'claim':>6s} {'run':>6s} {'close':>6s}  bulk")
+    for name, lat, stages, bulk in rows:
         if not lat:
-            print(f"{name:20s} no probe finished while the bulk batch ran")
+            print(f"{name:27s} no probe finished while the bulk batch ran")
             continue
         p50, p99 = percentile(lat, 0.5), percentile(lat, 0.99)
         tail = "" if bulk is None else (f"batch took {bulk[0]:.1f} s; "
                                         f"{'still running after the last probe' if bulk[1] else 'ended before the last probe'}")
-        print(f"{name:20s} {len(lat):6d} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / idle_p50:8.2f} {p99 / idle_p99:8.2f}  {tail}")
+        claim, ran, close = (1e3 * statistics.median(s[k] for s in stages) for k in range(3))
+        print(f"{name:27s} {len(lat):6d} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / idle_p50:8.2f} {p99 / idle_p99:8.2f} "
+              f"{claim:6.1f} {ran:6.1f} {close:6.1f}  {tail}")
     return 0
 
 

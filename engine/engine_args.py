@@ -105,6 +105,9 @@ class EngineArgs:
         scheduling_policy: ``"fcfs"`` (arrival order) or ``"priority"`` (each request's
             ``priority``, lower first, then arrival; lower-priority running requests are preempted
             first and to make room), vLLM's names (``weir.engine.scheduler``).
+        strict_priority: with ``scheduling_policy="priority"``, step only the requests of the best
+            priority value present; worse ones keep their blocks and wait, unstepped
+            (``weir.engine.scheduler``). Off: every running request shares each step, as in vLLM.
     """
 
     model: Any = None
@@ -129,6 +132,7 @@ class EngineArgs:
     max_cudagraph_capture_size: Optional[int] = None
     measure_step_gpu_time: bool = False
     scheduling_policy: str = "fcfs"
+    strict_priority: bool = False
 
     def __post_init__(self) -> None:
         self.dtype = normalize_dtype(self.dtype)
@@ -144,6 +148,10 @@ class EngineArgs:
             self.cudagraph_capture_sizes = sorted(set(sizes))
         if self.max_cudagraph_capture_size is not None and not is_int(self.max_cudagraph_capture_size):
             raise ValueError(f"max_cudagraph_capture_size={self.max_cudagraph_capture_size!r} must be an integer")
+        if not isinstance(self.strict_priority, bool):
+            raise ValueError(f"strict_priority={self.strict_priority!r} must be True or False")
+        if self.strict_priority and self.scheduling_policy != "priority":
+            raise ValueError("strict_priority=True needs scheduling_policy='priority'")
         if not isinstance(self.measure_step_gpu_time, bool):
             raise ValueError(f"measure_step_gpu_time={self.measure_step_gpu_time!r} must be True or False")
         checks = {

@@ -126,7 +126,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.block_pool, args.block_size, self.runner.copy_block,
                                  extra_key=self.model_name)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
-                                   args.scheduling_policy)
+                                   args.scheduling_policy, args.strict_priority)
         self.structured_outputs = StructuredOutputManager(self.tokenizer, self.config.vocab_size, self.eos_token_ids)
         self.runner.structured_outputs = self.structured_outputs
         self.default_generator = torch.Generator(device=self.device).manual_seed(args.seed)

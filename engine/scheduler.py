@@ -13,6 +13,16 @@ for choosing the victim of a preemption (the running request last in that order)
 of strictly lower priority value than some running one also preempts the last running one when it
 cannot start otherwise (every sequence slot taken, or too few free blocks for its next chunk).
 
+``strict_priority`` (priority policy only) makes the order a strict one between priority values:
+while a request of the best (lowest) priority value present runs or waits, only requests of that
+value are scheduled. The others stay in ``running`` with their blocks and computed tokens, are not
+stepped, and resume where they were once the better ones are done (or give their blocks up first
+when a better one needs them, as above). Without it (vLLM's behaviour) every running request is
+stepped in priority order as far as the token budget goes, so a request of priority 0 shares each
+step with up to ``max_num_seqs - 1`` bulk ones: free on a GPU, where a decode step of 1 or 64
+sequences costs about the same, and a step up to ``max_num_seqs`` times longer where compute grows
+with the batch (a CPU) or where bulk prefill chunks share the step's token budget.
+
 ``update`` applies a step's ``ModelRunnerOutput`` and returns what changed (:class:`SchedulerUpdate`);
 it calls nothing outside the scheduler and the KV cache manager.
 """
@@ -89,10 +99,13 @@ class Scheduler:
     :class:`KVCacheManager`."""
 
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, policy: Literal["fcfs", "priority"] = "fcfs"):
+                 max_model_len: int, policy: Literal["fcfs", "priority"] = "fcfs", strict_priority: bool = False):
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy={policy!r} is not one of fcfs, priority")
+        if strict_priority and policy != "priority":
+            raise ValueError("strict_priority=True needs scheduling_policy='priority'")
         self.policy = policy
+        self.strict_priority = strict_priority
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -148,12 +161,17 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         preempted = False
+        top = None  # strict_priority: the only priority value scheduled in this step
         if self.policy == "priority":
             self.running.sort(key=_key)  # stable: equal keys keep their order
             self._preempt_for_waiting()
+            if self.strict_priority and (self.running or self.waiting):
+                top = min(q[0].priority for q in (self.running, self.waiting) if q)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if top is not None and req.priority > top:
+                break  # held: the rest of running is of worse priority (sorted)
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.kv.allocate_slots(req, n):
                 victim = self.running.pop()
@@ -167,6 +185,8 @@ class Scheduler:
                 i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             req = self.waiting[0]
+            if top is not None and req.priority > top:
+                break
             hits, num_hit = ([], 0) if req.num_computed_tokens else self.kv.get_computed_blocks(req)
             n = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
             if not self.kv.allocate_slots(req, n, hits):

@@ -50,6 +50,8 @@ class EngineSettings(_WeirSettings):
     measure_step_gpu_time: bool = Field(False, description="time each step's forward with CUDA events")
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "fcfs", description="fcfs (arrival order) or priority (each job's priority, lower first; vLLM's names)")
+    strict_priority: bool = Field(False, description="with scheduling_policy=priority, step only the jobs of "
+                                  "the best priority present; the others wait with their KV blocks")
 
     @field_validator("dtype")
     @classmethod

@@ -234,5 +234,12 @@ def test_priority_scheduling_orders_requests_and_keeps_their_tokens(tiny_llama_d
     assert [o.outputs[0].token_ids for o in small.generate(ps, GREEDY, priority=priority)] == want
     assert small.stats()["num_preemptions"] > 0
     assert_all_blocks_free(small)
+    # strict: each priority value runs alone, the best first, with the same tokens
+    strict = make_llm(tiny_llama_dir, scheduling_policy="priority", strict_priority=True)
+    outs = strict.generate(ps, GREEDY, priority=priority)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    ended = sorted(range(len(ps)), key=lambda i: outs[i].metrics["finished_time"])
+    assert ended == list(reversed(range(len(ps))))
+    assert_all_blocks_free(strict)
     with pytest.raises(ValueError, match="priority=1 needs scheduling_policy='priority'"):
         make_llm(tiny_llama_dir).generate(ps[:1], GREEDY, priority=[1])

@@ -1,5 +1,7 @@
 """Scheduler on tiny block pools: exact token budgets, preemption victims and freed block ids."""
 
+import pytest
+
 from weir.engine.block_pool import BlockPool
 from weir.engine.kv_cache_manager import KVCacheManager
 from weir.engine.request import Request, RequestStatus
@@ -115,9 +117,10 @@ def preq(rid, num_tokens, priority, arrival, max_tokens=16):
     return r
 
 
-def make_priority(num_blocks=4, block_size=4, max_num_seqs=4, budget=64):
+def make_priority(num_blocks=4, block_size=4, max_num_seqs=4, budget=64, strict_priority=False):
     kv = KVCacheManager(BlockPool(num_blocks, False), block_size, lambda src, dst: None)
-    return Scheduler(kv, max_num_seqs, budget, max_model_len=64, policy="priority")
+    return Scheduler(kv, max_num_seqs, budget, max_model_len=64, policy="priority",
+                     strict_priority=strict_priority)
 
 
 def test_priority_policy_admits_lower_values_first_then_by_arrival():
@@ -162,3 +165,46 @@ def test_out_of_blocks_under_priority_preempts_the_lowest_priority_not_the_lates
     sched, _ = step(s)
     assert plan(sched) == [("high", 1)]
     assert low.status == RequestStatus.PREEMPTED and [r.request_id for r in s.waiting] == ["low"]
+
+
+def test_strict_priority_holds_worse_priorities_with_their_blocks_until_the_better_ones_end():
+    s = make_priority(num_blocks=16, max_num_seqs=4, strict_priority=True)
+    bulk = [preq("bulk-1", 4, 9, 1.0), preq("bulk-2", 4, 9, 2.0)]
+    for r in bulk:
+        s.add_request(r)
+    step(s)
+    assert [r.request_id for r in s.running] == ["bulk-1", "bulk-2"]
+    held_tables = [list(r.block_table) for r in bulk]
+    s.add_request(preq("interactive", 4, 0, 3.0, max_tokens=2))
+    s.add_request(preq("bulk-3", 4, 9, 4.0))
+    sched, _ = step(s)
+    # free slots: nothing preempted, but the bulk requests are not stepped (nor bulk-3 admitted)
+    assert plan(sched) == [("interactive", 4)]
+    assert sorted(r.request_id for r in s.running) == ["bulk-1", "bulk-2", "interactive"]
+    assert [list(r.block_table) for r in bulk] == held_tables and [r.num_computed_tokens for r in bulk] == [4, 4]
+    assert s.num_preemptions == 0 and [r.request_id for r in s.waiting] == ["bulk-3"]
+    sched, update = step(s)
+    assert plan(sched) == [("interactive", 1)] and [r.request_id for r in update.finished] == ["interactive"]
+    s.free(update.finished)
+    # the better one is done: the held ones resume where they were, bulk-3 is admitted
+    sched, _ = step(s)
+    assert plan(sched) == [("bulk-1", 1), ("bulk-2", 1), ("bulk-3", 4)]
+    assert [r.num_preemptions for r in bulk] == [0, 0]
+
+
+def test_without_strict_priority_every_running_request_shares_the_step():
+    s = make_priority(num_blocks=16, max_num_seqs=3)
+    for r in [preq("bulk-1", 4, 9, 1.0), preq("bulk-2", 4, 9, 2.0)]:
+        s.add_request(r)
+    step(s)
+    s.add_request(preq("interactive", 4, 0, 3.0))
+    sched, _ = step(s)
+    assert plan(sched) == [("bulk-1", 1), ("bulk-2", 1), ("interactive", 4)]
+    sched, _ = step(s)
+    assert plan(sched) == [("interactive", 1), ("bulk-1", 1), ("bulk-2", 1)]
+
+
+def test_strict_priority_needs_the_priority_policy():
+    kv = KVCacheManager(BlockPool(4, False), 4, lambda src, dst: None)
+    with pytest.raises(ValueError, match="strict_priority=True needs scheduling_policy='priority'"):
+        Scheduler(kv, 4, 64, max_model_len=64, strict_priority=True)
