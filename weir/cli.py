@@ -482,16 +482,23 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    """Exit 0 when this host's worker (or beat) answers a ping, 1 with one line on stderr when it
-    does not, 2 without ``WEIR_BROKER_URL`` (:mod:`weir.health`)."""
+    """Exit 0 when a worker of this host consumes this deployment's queue (``WEIR_QUEUE``, else
+    ``weir.<model name>``), or this host's beat answers a ping; 1 with one line on stderr when not;
+    2 without ``WEIR_BROKER_URL`` (:mod:`weir.health`)."""
     from weir import health
 
-    broker_url = get_settings().worker.broker_url
+    settings = get_settings()
+    broker_url = settings.worker.broker_url
     if not broker_url:
         print(f"weir health {args.process}: WEIR_BROKER_URL is not set", file=sys.stderr)
         return EXIT_USAGE
-    check = health.check_worker if args.process == "worker" else health.check_beat
-    found = check(broker_url, hostname=args.hostname, timeout_s=args.timeout_s)
+    if args.process == "worker":
+        from weir.jobs import names
+
+        queue = names.queue_for_model(settings.engine.model, settings.worker.queue)
+        found = health.check_worker(broker_url, queue, hostname=args.hostname, timeout_s=args.timeout_s)
+    else:
+        found = health.check_beat(broker_url, hostname=args.hostname, timeout_s=args.timeout_s)
     print(f"weir health {args.process}: {found.message}", file=sys.stdout if found.healthy else sys.stderr)
     return found.exit_status
 
@@ -613,7 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("reconcile", help="recount unfinished batches from their jobs and repair their counters")
     db.set_defaults(func=cmd_db)
 
-    health = command("health", "exit 0 when this host's worker or beat answers a ping")
+    health = command("health", "exit 0 when a worker of this host consumes the queue (WEIR_QUEUE, else the "
+                               "model's), or this host's beat answers a ping")
     health.add_argument("process", choices=["worker", "beat"], help="which process to ping")
     health.add_argument("--hostname", default=None,
                         help="exact node name (default: weir-*@<host> for a worker, celerybeat@<host>)")
