@@ -86,9 +86,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.beat:
         # Beat in a thread of this process, not Celery's forked child: a worker killed with
         # SIGKILL takes its beat along instead of leaving an orphan that schedules on forever.
+        # Its own remote-control node, celerybeat@<host>, answers `weir health beat` while it ticks.
         from celery.beat import EmbeddedService
 
-        beat = EmbeddedService(app, thread=True)
+        beat = EmbeddedService(app, thread=True, remote_control=True)
         beat.start()
     try:
         controller.start()
@@ -536,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "shows tracebacks)")
     worker.add_argument("--beat", action="store_true",
                         help="also run Celery beat in this process: the sweeper and the nightly enrichment "
-                             "(on one host only)")
+                             "(on one host only; `weir health beat` pings it)")
     worker.set_defaults(func=cmd_worker)
 
     enrich = command("enrich", "classify and describe every product of a catalog CSV; print a summary")

@@ -7,8 +7,8 @@ exchange), so they pass only when the process is up, connected to the broker, an
   engine, so a worker still loading its model, or one whose engine failed, does not answer. It is
   asked which queues it consumes (``active_queues``), not only pinged: a worker of another model
   or queue on the same host does not pass for this one.
-- Beat answers as ``celerybeat@<host>`` when started with ``celery beat --enable-remote-control``
-  (Celery >= 5.7), and falls silent once its scheduler has not ticked for twice its max loop
+- Beat answers as ``celerybeat@<host>``, started with ``celery beat --enable-remote-control``
+  (Celery >= 5.7) or embedded in ``weir worker --beat`` (which turns it on), and falls silent once its scheduler has not ticked for twice its max loop
   interval (at least 60 s): a beat stuck in its loop fails the check, not only a dead one.
 
 The checks import neither the engine nor the task modules: a bare Celery app on the same broker
@@ -127,7 +127,8 @@ def _unheard_workers(heard: dict) -> str:
 
 
 def check_beat(broker_url: str, hostname: Optional[str] = None, timeout_s: float = 5.0) -> Health:
-    """Ping this host's ``celery beat`` (started with ``--enable-remote-control``).
+    """Ping this host's beat: ``celery beat --enable-remote-control``, or the one embedded in
+    ``weir worker --beat``.
 
     Args:
         broker_url: the broker beat publishes to (``WEIR_BROKER_URL``).

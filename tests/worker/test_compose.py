@@ -18,6 +18,7 @@ from tests.worker.conftest import REPO_ROOT
 from weir import health
 from weir.cli import build_parser, cmd_health
 from weir.config import WorkerSettings
+from weir.worker.testing import WorkerProcess
 
 LONG_RUNNING = {"redis", "postgres", "worker", "worker-gpu1", "beat"}
 ONE_SHOT = {"migrate"}
@@ -277,3 +278,35 @@ def test_health_beat_passes_while_beat_ticks(private_broker_url, queue, tmp_path
             beat.wait()
     assert_unhealthy(weir_health("beat", "--timeout-s", "1", broker_url=private_broker_url),
                      f"no answer from celerybeat@{os.uname().nodename}")
+
+
+@pytest.mark.integration
+def test_health_beat_passes_for_the_beat_embedded_in_a_worker(worker_env, private_broker_url, tmp_path):
+    # its own folder, for beat's schedule file (celerybeat-schedule)
+    worker = WorkerProcess(dict(worker_env, WEIR_BROKER_URL=private_broker_url), str(tmp_path / "worker.log"),
+                           argv=[sys.executable, "-m", "weir", "worker", "--beat", "--loglevel", "INFO"],
+                           cwd=str(tmp_path))
+    try:
+        worker.wait_ready()
+        deadline = time.monotonic() + 60
+        while True:  # beat's control thread connects after its scheduler starts
+            done = weir_health("beat", "--timeout-s", "1", broker_url=private_broker_url)
+            if done.returncode == 0 or time.monotonic() > deadline or not worker.is_alive():
+                break
+        assert done.returncode == 0, f"{done.stderr}\n{worker.log()[-4000:]}"
+        assert done.stdout == f"weir health beat: celerybeat@{os.uname().nodename} answered on {private_broker_url}\n"
+        assert worker.terminate() == 0
+    finally:
+        worker.kill()
+    assert_unhealthy(weir_health("beat", "--timeout-s", "1", broker_url=private_broker_url),
+                     f"no answer from celerybeat@{os.uname().nodename}")
+
+
+def test_every_standalone_beat_command_in_the_readme_answers_remote_control(compose):
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+        commands = re.findall(r"`(celery [^`]* beat\b[^`]*)`", f.read())
+    assert commands
+    for command in commands:
+        assert "--enable-remote-control" in command.split(), command
+    # the same flags as compose's beat service
+    assert set(compose["services"]["beat"]["entrypoint"]) >= set(commands[0].split())
