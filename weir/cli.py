@@ -66,6 +66,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not broker.healthy:
         print(f"weir worker: {broker.message}", file=sys.stderr)
         return EXIT_USAGE
+    if settings.worker.metrics_port:  # the engine would load first, then fail on a busy port
+        from weir.worker.metrics import MetricsPortUnavailable, check_port
+
+        try:
+            check_port(settings.worker.metrics_port)
+        except MetricsPortUnavailable as exc:
+            print(f"weir worker: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     problem = _ensure_schema(settings)
     if problem:
         print(f"weir worker: {problem}", file=sys.stderr)

@@ -195,8 +195,12 @@ def start_engine(sender=None, **kwargs) -> None:
     settings = get_settings()
     for problem in settings.worker.delivery_problems():
         logger.warning("inconsistent delivery settings: %s", problem)
+    from weir.worker.metrics import MetricsPortUnavailable
+
     try:
         runtime.start_runtime()
+    except MetricsPortUnavailable as exc:  # taken since weir worker checked it: not the engine's fault
+        raise SystemExit(f"weir worker: {exc}") from None
     except Exception as exc:
         logger.exception("cannot start the engine")
         # Celery logs and swallows exceptions from signal handlers; SystemExit gets through.
