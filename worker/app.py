@@ -11,8 +11,8 @@ own results in the database, so there is no result backend. Without ``WEIR_BROKE
 uses kombu's in-process ``memory://`` transport (the embedded mode of ``weir enrich``).
 
 Celery's task events are on (``worker_send_task_events``, ``task_send_sent_event``), so Flower and
-``celery events`` see every task; jobs published in batches by ``weir.jobs.publisher`` carry no
-``task-sent`` event (their first is ``task-received``).
+``celery events`` see every task from its ``task-sent`` event on, jobs published in batches by
+``weir.jobs.publisher`` included.
 """
 
 from __future__ import annotations
