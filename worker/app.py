@@ -11,8 +11,8 @@ own results in the database, so there is no result backend. Without ``WEIR_BROKE
 uses kombu's in-process ``memory://`` transport (the embedded mode of ``weir enrich``).
 
 Celery's task events are on (``worker_send_task_events``, ``task_send_sent_event``), so Flower and
-``celery events`` see every task; jobs published in batches by ``weir.jobs.publisher`` carry no
-``task-sent`` event (their first is ``task-received``).
+``celery events`` see every task from its ``task-sent`` event on, jobs published in batches by
+``weir.jobs.publisher`` included.
 """
 
 from __future__ import annotations
@@ -195,8 +195,12 @@ def start_engine(sender=None, **kwargs) -> None:
     settings = get_settings()
     for problem in settings.worker.delivery_problems():
         logger.warning("inconsistent delivery settings: %s", problem)
+    from weir.worker.metrics import MetricsPortUnavailable
+
     try:
         runtime.start_runtime()
+    except MetricsPortUnavailable as exc:  # taken since weir worker checked it: not the engine's fault
+        raise SystemExit(f"weir worker: {exc}") from None
     except Exception as exc:
         logger.exception("cannot start the engine")
         # Celery logs and swallows exceptions from signal handlers; SystemExit gets through.

@@ -42,6 +42,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from weir.jobs import store
 from weir.jobs.db import Job, watchdog
 from weir.jobs.store import Claim, JobResult
+from weir.worker.metrics import DB_WRITE_LANES
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class GroupCommitter:
         self.max_wait_s = max_wait_s
         self.is_stopping = is_stopping
         self._write_latency_s = None if write_latency_s is None else {
-            lane: write_latency_s.labels(lane) for lane in ("claim", "finish")}
+            lane: write_latency_s.labels(lane) for lane in DB_WRITE_LANES}
         self._stats_lock = threading.Lock()
         self.num_transactions = 0
         self.num_ops = 0

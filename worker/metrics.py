@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 from typing import Any, Callable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from weir.engine.stats import IterationStats, SchedulerStats
+from weir.jobs.db import JobKind, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,39 @@ REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
 # a group commit's transaction: a millisecond when all is well, up to the watchdog's 35 s when not
 DB_WRITE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                       10.0, 30.0, 60.0)
+
+
+JOB_KINDS = tuple(kind.value for kind in JobKind)
+JOB_OUTCOMES = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value)
+DB_WRITE_LANES = ("claim", "finish")
+"""The ``lane`` of ``weir:db_write_latency_seconds``: claims; results and releases."""
+
+
+class MetricsPortUnavailable(ValueError):
+    """``WEIR_METRICS_PORT`` cannot be listened on; the message is one line naming the variable,
+    the port and the system's reason (``WEIR_METRICS_PORT=8000: cannot listen on 0.0.0.0:8000:
+    Address already in use``)."""
+
+    def __init__(self, port: int, addr: str, exc: OSError):
+        super().__init__(f"WEIR_METRICS_PORT={port}: cannot listen on {addr}:{port}: {exc.strerror or exc}")
+
+
+def check_port(port: int, addr: str = "0.0.0.0") -> None:
+    """Bind ``addr:port`` once and let it go, as :meth:`WorkerMetrics.serve` would bind it
+    (``SO_REUSEADDR``, as prometheus-client's ``http.server``), so that ``weir worker`` refuses a
+    busy port before it loads the model.
+
+    Raises:
+        MetricsPortUnavailable: the port cannot be listened on (in use, or not allowed).
+    """
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((addr, port))
+            probe.listen()
+        except OSError as exc:
+            raise MetricsPortUnavailable(port, addr, exc) from None
 
 
 class WorkerMetrics:
@@ -91,6 +126,15 @@ class WorkerMetrics:
         self.num_waiting_messages = Gauge(
             "weir:num_waiting_messages", "Messages waiting in a queue this worker consumes (not counting those "
             "workers hold unacked); NaN when the broker cannot be asked.", ["queue"], registry=r)
+        # A series appears at zero from the start for every label value known beforehand, not with
+        # its first event: Prometheus' rate() and alerts see "none yet" instead of "no data".
+        for kind in JOB_KINDS:
+            self.job_attempts.labels(kind)
+            self.job_duration.labels(kind)
+            for outcome in JOB_OUTCOMES:
+                self.jobs.labels(kind, outcome)
+        for lane in DB_WRITE_LANES:
+            self.db_write_latency.labels(lane)
         self._server = None
 
     @property
@@ -123,14 +167,12 @@ class WorkerMetrics:
         """Serve ``/metrics`` (Prometheus' text format) on ``addr:port`` from a daemon thread.
 
         Raises:
-            ValueError: the port cannot be listened on (in use, or not allowed), naming
-                ``WEIR_METRICS_PORT``.
+            MetricsPortUnavailable: the port cannot be listened on (in use, or not allowed).
         """
         try:
             self._server, _ = start_http_server(port, addr, registry=self.registry)
         except OSError as exc:
-            raise ValueError(f"WEIR_METRICS_PORT={port}: cannot listen on {addr}:{port}: "
-                             f"{exc.strerror or exc}") from None
+            raise MetricsPortUnavailable(port, addr, exc) from None
         logger.info("metrics on http://%s:%d/metrics", addr, port)
 
     def close(self) -> None:
@@ -156,7 +198,7 @@ class PrometheusStatLogger:
     """The engine's stat logger (:class:`weir.engine.stats.StatLoggerBase`) that updates the
     engine's metrics of a :class:`WorkerMetrics`: per step three gauges set and up to five
     counters increased; per finished generation request one observation in each of the three
-    latency histograms.
+    latency histograms. Made, every engine series is exposed at zero before the first step.
 
     Args:
         metrics: the metrics to update.

@@ -102,8 +102,9 @@ class WorkerRuntime:
         and the periodic stats line (``WEIR_LOG_STATS_INTERVAL_S``).
 
         Raises:
-            FileNotFoundError, ValueError: the model or an engine argument is unusable, or the
-                metrics port cannot be listened on (checked first, before the model loads).
+            MetricsPortUnavailable: the metrics port cannot be listened on (checked first, before
+                the model loads).
+            FileNotFoundError, ValueError: the model or an engine argument is unusable.
         """
         from weir.engine import LLM, EngineFront
         from weir.worker.metrics import attach

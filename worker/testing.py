@@ -91,6 +91,13 @@ class WorkerProcess:
         """The Celery node name ``weir worker`` gives itself (stored on the jobs it claims)."""
         return f"weir-{self.proc.pid}@{os.uname().nodename}"
 
+    @property
+    def queue(self) -> str:
+        """The queue it consumes: ``WEIR_QUEUE``, else the one of ``WEIR_MODEL``."""
+        from weir.jobs import names
+
+        return names.queue_for_model(self.env.get("WEIR_MODEL"), self.env.get("WEIR_QUEUE"))
+
     def log(self) -> str:
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
             return f.read()
@@ -108,8 +115,9 @@ class WorkerProcess:
             raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, *, ping: bool = False) -> None:
-        """Block until it logs :data:`READY_LINE`, or, with ``ping``, answers a Celery ping as
-        :attr:`hostname` on ``WEIR_BROKER_URL`` (a worker logging at WARNING writes no ready line).
+        """Block until it logs :data:`READY_LINE`, or, with ``ping``, answers as :attr:`hostname`
+        on ``WEIR_BROKER_URL`` that it consumes :attr:`queue` (a worker logging at WARNING writes no
+        ready line).
 
         Raises:
             RuntimeError: it exited first, or is not ready after ``timeout_s``.
@@ -120,7 +128,8 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             if self.is_ready():
                 return
-            if ping and check_worker(self.env["WEIR_BROKER_URL"], hostname=self.hostname, timeout_s=1.0).healthy:
+            if ping and check_worker(self.env["WEIR_BROKER_URL"], self.queue, hostname=self.hostname,
+                                     timeout_s=1.0).healthy:
                 return
             self.check_alive()
             time.sleep(POLL_INTERVAL_S)

@@ -446,6 +446,65 @@ def test_add_jobs_refuses_a_custom_id_the_batch_already_has_and_keeps_the_rest(s
         assert (stored.status, stored.num_jobs) == (BatchStatus.QUEUED, 2)
 
 
+def test_published_jobs_send_task_sent_events_as_send_task_does(redis_url, queue):
+    """A Celery event receiver (what Flower runs) gets one ``task-sent`` per job, with the fields
+    ``apply_async`` gives it, once the app's ``task_send_sent_event`` is on (the client's is)."""
+    import redis
+    from celery import Celery
+
+    from weir.jobs.publisher import JobPublisher
+
+    app = Celery("weir-test-sent-events", broker=redis_url, set_as_current=False)
+    app.conf.task_send_sent_event = True
+    events: list[dict] = []
+    connection = app.connection_for_read()
+    receiver = app.events.Receiver(connection, handlers={"task-sent": events.append})
+    capture = threading.Thread(target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False), daemon=True)
+    capture.start()
+    broker = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 10
+    while not any(receiver.queue.name.encode() in b for b in broker.smembers("_kombu.binding.celeryev")):
+        assert time.monotonic() < deadline, "the event receiver never bound its queue"
+        time.sleep(0.02)
+    job_ids = [uuid.uuid4() for _ in range(5)]
+    try:
+        with JobPublisher(app, queue) as publisher:
+            publisher.publish(job_ids[:3])
+            publisher.publish(job_ids[3:])
+        messages = published(app, queue)
+        while len(events) < len(job_ids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        receiver.should_stop = True
+        capture.join(5)
+        connection.release()
+        broker.delete(queue, f"_kombu.binding.{queue}")
+    assert messages == [(names.RUN_JOB, [str(j)], {}) for j in job_ids]
+    assert [(e["name"], e["args"], e["kwargs"], e["queue"], e["exchange"], e["routing_key"], e["retries"])
+            for e in events] == [(names.RUN_JOB, f"['{j}']", "{}", queue, "", queue, 0) for j in job_ids]
+    assert len({e["uuid"] for e in events}) == len(job_ids)
+    assert Client(Settings(worker=WorkerSettings(broker_url=redis_url))).celery_app.conf.task_send_sent_event
+
+
+def test_no_task_sent_event_when_the_app_sends_none(redis_url, queue):
+    from unittest import mock
+
+    from celery import Celery
+
+    from weir.jobs.publisher import JobPublisher
+
+    app = Celery("weir-test-no-sent-events", broker=redis_url, set_as_current=False)  # Celery's default: off
+    try:
+        with mock.patch.object(app.events.Dispatcher, "publish") as publish_event:
+            with JobPublisher(app, queue) as publisher:
+                publisher.publish([uuid.uuid4()])
+    finally:
+        import redis
+
+        redis.Redis.from_url(redis_url).delete(queue, f"_kombu.binding.{queue}")
+    assert publish_event.call_count == 0
+
+
 def test_messages_on_redis_are_celery_task_messages_in_order(redis_url, queue):
     import redis
     from celery import Celery

@@ -259,6 +259,22 @@ def test_worker_with_a_bad_broker_url_is_one_line(postgres_url, broker_url, cont
     assert_one_line_error(weir("worker", env_overrides=env), contains=f"weir worker: {contains}")
 
 
+def test_worker_on_a_busy_metrics_port_is_one_line_before_the_model_loads(redis_url, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # a model that does not exist: had the engine been loaded first, it would be the error
+        env = {"WEIR_BROKER_URL": redis_url, "WEIR_METRICS_PORT": str(port), "WEIR_MODEL": str(tmp_path / "none.gguf"),
+               "WEIR_DATABASE_URL": f"sqlite:///{tmp_path / 'weir.db'}"}
+        done = weir("worker", env_overrides=env, cwd=str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr == f"weir worker: WEIR_METRICS_PORT={port}: cannot listen on 0.0.0.0:{port}: Address already in use\n"
+    assert not (tmp_path / "weir.db").exists()  # refused before the database was touched
+
+
 def test_sweep_and_enrich_with_a_bad_broker_url_are_one_line(postgres_url, tmp_path):
     env = {"WEIR_BROKER_URL": "redis://127.0.0.1:1/0", "WEIR_DATABASE_URL": postgres_url}
     assert_one_line_error(weir("sweep", env_overrides=env),

@@ -15,8 +15,10 @@ import redis
 import yaml
 
 from tests.worker.conftest import REPO_ROOT
+from weir import health
 from weir.cli import build_parser, cmd_health
 from weir.config import WorkerSettings
+from weir.worker.testing import WorkerProcess
 
 LONG_RUNNING = {"redis", "postgres", "worker", "worker-gpu1", "beat"}
 ONE_SHOT = {"migrate"}
@@ -125,11 +127,13 @@ def test_worker_grace_period_outlasts_the_shutdown_timeout(compose):
 # ---- `weir health` against real processes -----------------------------------------------------
 
 
-def weir_health(*args, broker_url, timeout_s=60):
+def weir_health(*args, broker_url, queue=None, timeout_s=60):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
     env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     if broker_url is not None:
         env["WEIR_BROKER_URL"] = broker_url
+    if queue is not None:
+        env["WEIR_QUEUE"] = queue
     return subprocess.run([sys.executable, "-m", "weir", "health", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
 
@@ -144,29 +148,79 @@ def assert_unhealthy(done, *phrases):
         assert phrase in lines[0]
 
 
-@pytest.fixture
-def private_broker_url(redis_url, queue):
-    """``redis_url`` on :data:`PRIVATE_REDIS_DB`; the test queue's keys there go afterwards."""
-    url = urlsplit(redis_url)._replace(path=f"/{PRIVATE_REDIS_DB}").geturl()
-    yield url
+def delete_keys(url: str, queue: str) -> None:
     client = redis.Redis.from_url(url)
     keys = [queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"]
     client.delete(*(keys + list(client.scan_iter(f"{queue}*"))))
 
 
+@pytest.fixture
+def private_broker_url(redis_url, queue):
+    """``redis_url`` on :data:`PRIVATE_REDIS_DB`; the test queue's keys there go afterwards."""
+    url = urlsplit(redis_url)._replace(path=f"/{PRIVATE_REDIS_DB}").geturl()
+    yield url
+    delete_keys(url, queue)
+
+
 @pytest.mark.integration
-def test_health_worker_passes_while_the_worker_runs(start_worker, private_broker_url):
+def test_health_worker_passes_while_the_worker_runs(start_worker, private_broker_url, queue):
     worker = start_worker(WEIR_BROKER_URL=private_broker_url)
 
-    any_on_host = weir_health("worker", broker_url=private_broker_url)
-    exact = weir_health("worker", "--hostname", worker.hostname, broker_url=private_broker_url)
+    any_on_host = weir_health("worker", broker_url=private_broker_url, queue=queue)
+    exact = weir_health("worker", "--hostname", worker.hostname, broker_url=private_broker_url, queue=queue)
 
     assert any_on_host.returncode == 0, any_on_host.stderr
-    assert any_on_host.stdout == f"weir health worker: {worker.hostname} answered on {private_broker_url}\n"
+    assert any_on_host.stdout == f"weir health worker: {worker.hostname} consumes {queue} on {private_broker_url}\n"
     assert exact.returncode == 0, exact.stderr
+    assert exact.stdout == any_on_host.stdout
     assert worker.terminate() == 0
-    gone = weir_health("worker", "--timeout-s", "2", broker_url=private_broker_url)
+    gone = weir_health("worker", "--timeout-s", "2", broker_url=private_broker_url, queue=queue)
     assert_unhealthy(gone, f"no answer from weir-*@{os.uname().nodename}", "within 2s")
+
+
+@pytest.mark.integration
+def test_health_worker_fails_when_the_workers_of_this_host_consume_another_queue(
+        start_worker, private_broker_url, queue):
+    worker = start_worker(WEIR_BROKER_URL=private_broker_url)
+    other = queue + "-other"
+
+    for args in ((), ("--hostname", worker.hostname)):
+        done = weir_health("worker", *args, "--timeout-s", "2", broker_url=private_broker_url, queue=other)
+        assert_unhealthy(done)
+        host = args[1] if args else f"weir-*@{os.uname().nodename}"
+        assert done.stderr == (f"weir health worker: no worker of {host} on {private_broker_url} consumes {other} "
+                               f"({worker.hostname} consumes {queue}, {queue}.control)\n")
+    # the model's queue when WEIR_QUEUE is not set: weir.<model name>, the packaged SmolLM2's here
+    default = weir_health("worker", "--timeout-s", "2", broker_url=private_broker_url)
+    assert_unhealthy(default, "consumes weir.SmolLM2-135M-Instruct (")
+
+
+@pytest.mark.integration
+def test_health_worker_finds_the_worker_of_its_queue_among_several(start_worker, private_broker_url, queue):
+    """Two workers on this host, each on its own queue: whichever answers first, the check for
+    either queue finds its worker (the second round asks only the workers not yet heard)."""
+    other = queue + "-other"
+    try:
+        workers = {q: start_worker(WEIR_BROKER_URL=private_broker_url, WEIR_QUEUE=q) for q in (queue, other)}
+        for q, worker in workers.items():
+            done = weir_health("worker", broker_url=private_broker_url, queue=q)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout == f"weir health worker: {worker.hostname} consumes {q} on {private_broker_url}\n"
+    finally:
+        delete_keys(private_broker_url, other)
+
+
+def test_the_pattern_of_unheard_workers_excludes_those_heard(monkeypatch):
+    monkeypatch.setattr(health, "nodename", lambda: "gpu.host-1")
+    names = ["weir-12@gpu.host-1", "weir-13@gpu.host-1", "weir-1@gpu.host-1", "weir-12@gpu.host-10",
+             "celerybeat@gpu.host-1", "weir-12@gpuxhost-1"]
+
+    def matching(heard):
+        return [n for n in names if re.match(health._unheard_workers(dict.fromkeys(heard, [])), n)]
+
+    assert matching([]) == ["weir-12@gpu.host-1", "weir-13@gpu.host-1", "weir-1@gpu.host-1"]
+    assert matching(["weir-12@gpu.host-1"]) == ["weir-13@gpu.host-1", "weir-1@gpu.host-1"]
+    assert matching(["weir-12@gpu.host-1", "weir-1@gpu.host-1"]) == ["weir-13@gpu.host-1"]
 
 
 @pytest.mark.integration
@@ -224,3 +278,35 @@ def test_health_beat_passes_while_beat_ticks(private_broker_url, queue, tmp_path
             beat.wait()
     assert_unhealthy(weir_health("beat", "--timeout-s", "1", broker_url=private_broker_url),
                      f"no answer from celerybeat@{os.uname().nodename}")
+
+
+@pytest.mark.integration
+def test_health_beat_passes_for_the_beat_embedded_in_a_worker(worker_env, private_broker_url, tmp_path):
+    # its own folder, for beat's schedule file (celerybeat-schedule)
+    worker = WorkerProcess(dict(worker_env, WEIR_BROKER_URL=private_broker_url), str(tmp_path / "worker.log"),
+                           argv=[sys.executable, "-m", "weir", "worker", "--beat", "--loglevel", "INFO"],
+                           cwd=str(tmp_path))
+    try:
+        worker.wait_ready()
+        deadline = time.monotonic() + 60
+        while True:  # beat's control thread connects after its scheduler starts
+            done = weir_health("beat", "--timeout-s", "1", broker_url=private_broker_url)
+            if done.returncode == 0 or time.monotonic() > deadline or not worker.is_alive():
+                break
+        assert done.returncode == 0, f"{done.stderr}\n{worker.log()[-4000:]}"
+        assert done.stdout == f"weir health beat: celerybeat@{os.uname().nodename} answered on {private_broker_url}\n"
+        assert worker.terminate() == 0
+    finally:
+        worker.kill()
+    assert_unhealthy(weir_health("beat", "--timeout-s", "1", broker_url=private_broker_url),
+                     f"no answer from celerybeat@{os.uname().nodename}")
+
+
+def test_every_standalone_beat_command_in_the_readme_answers_remote_control(compose):
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+        commands = re.findall(r"`(celery [^`]* beat\b[^`]*)`", f.read())
+    assert commands
+    for command in commands:
+        assert "--enable-remote-control" in command.split(), command
+    # the same flags as compose's beat service
+    assert set(compose["services"]["beat"]["entrypoint"]) >= set(commands[0].split())

@@ -116,7 +116,7 @@ def test_each_worker_has_its_own_registry():
     first, second = WorkerMetrics(), WorkerMetrics()  # no "Duplicated timeseries" error
     first.job_finished("generate", "succeeded", 0.5)
     assert registry_samples(first)[("weir:jobs_total", (("kind", "generate"), ("outcome", "succeeded")))] == 1
-    assert ("weir:jobs_total", (("kind", "generate"), ("outcome", "succeeded"))) not in registry_samples(second)
+    assert registry_samples(second)[("weir:jobs_total", (("kind", "generate"), ("outcome", "succeeded")))] == 0
     assert first.registry is not second.registry
 
 
@@ -309,4 +309,34 @@ def test_a_scrape_after_a_batch_has_exact_counts(start_worker, client, worker_en
                      r"Running: \d+ reqs, Waiting: \d+ reqs, KV cache usage: [0-9.]+%, "
                      r"Prefix cache hit rate: [0-9.]+%", worker.log())
     assert events.types.count("task-succeeded") == 7 and events.types.count("task-received") == 7
+    assert worker.terminate() == 0
+
+
+ENGINE_SERIES = ("weir:num_requests_running", "weir:num_requests_waiting", "weir:kv_cache_usage_perc",
+                 "weir:num_preemptions_total", "weir:prefix_cache_queries_total", "weir:prefix_cache_hits_total",
+                 "weir:prompt_tokens_total", "weir:generation_tokens_total",
+                 "weir:time_to_first_token_seconds_count", "weir:e2e_request_latency_seconds_count",
+                 "weir:request_queue_time_seconds_count")
+
+
+@pytest.mark.integration
+def test_a_scrape_before_any_job_has_every_engine_series_at_zero(start_worker, worker_env):
+    from weir.model_source import model_name
+
+    port = free_port()
+    worker = start_worker(WEIR_METRICS_PORT=str(port))
+    found = scrape(port)
+    model = (("model_name", model_name(worker_env["WEIR_MODEL"])),)
+    assert {name: found.get((name, model)) for name in ENGINE_SERIES} == dict.fromkeys(ENGINE_SERIES, 0.0)
+    for histogram in ("weir:time_to_first_token_seconds", "weir:e2e_request_latency_seconds",
+                      "weir:request_queue_time_seconds"):
+        assert found[(histogram + "_bucket", (("le", "+Inf"), *model))] == 0.0
+    # the pipeline's, for every kind, outcome and lane, before the first of each
+    for kind in ("generate", "classify"):
+        for outcome in ("succeeded", "failed"):
+            assert found[("weir:jobs_total", (("kind", kind), ("outcome", outcome)))] == 0.0
+        assert found[("weir:job_attempts_total", (("kind", kind),))] == 0.0
+        assert found[("weir:job_duration_seconds_count", (("kind", kind),))] == 0.0
+    for lane in ("claim", "finish"):
+        assert found[("weir:db_write_latency_seconds_count", (("lane", lane),))] == 0.0
     assert worker.terminate() == 0
