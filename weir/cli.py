@@ -215,7 +215,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     from weir.worker.embedded import embedded_worker
 
     with embedded_worker(app, settings) as runtime:
-        checker = PromptChecker(runtime.llm.tokenizer, runtime.llm.max_model_len)
+        engine = runtime.llm.llm_engine
+        checker = PromptChecker(runtime.llm.tokenizer, runtime.llm.max_model_len,
+                                vocab_size=engine.config.vocab_size, max_logprobs=engine.args.max_logprobs)
         client = Client(settings, celery_app=app, prompt_checker=checker)
         try:
             return run(client)
@@ -349,7 +351,7 @@ def cmd_batch_submit(args: argparse.Namespace) -> int:
         meta = openai_batch.batch_metadata(batch_file.endpoint, args.file, args.completion_window, metadata)
         try:
             batch_id = client.enqueue_batch(batch_file.requests, metadata=meta)
-        except ValueError as exc:  # a prompt too long for the model
+        except ValueError as exc:  # a prompt too long for the model, a limit of the engine
             print(f"weir batch submit: {args.file}: {exc}; nothing was stored", file=sys.stderr)
             return EXIT_USAGE
     finally:

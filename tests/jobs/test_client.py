@@ -16,7 +16,7 @@ from weir.jobs import client as client_module
 from weir.jobs import names, store
 from weir.jobs.client import BrokerNotConfigured, BrokerUnreachable, Client, PublishError
 from weir.jobs.db import Batch, BatchStatus, Job, JobStatus
-from weir.jobs.model_info import PromptTooLongError
+from weir.jobs.model_info import EngineLimitError, PromptTooLongError
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 from weir.jobs.store import JobResult
 from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
@@ -97,6 +97,41 @@ def test_max_tokens_beyond_max_model_len_is_refused_at_enqueue(client, celery_ap
     assert count_jobs(client) == before
     assert published(celery_app, queue) == []
     assert client.prompt_checker.check(GenerateRequest(prompt="One two", max_tokens=510)) == 2
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"logprobs": 21}, "request big: logprobs=21 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS) (batch index 1)"),
+    ({"prompt_logprobs": 100},
+     "request big: prompt_logprobs=100 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS) (batch index 1)"),
+    ({"stop_token_ids": [2, 49152, 10**6]},
+     "request big: stop_token_ids outside the vocabulary [0, 49152): [49152, 1000000] (batch index 1)"),
+    ({"enrichment": {"catalog": "c.csv", "product_id": "1", "retry_sampling": {"logprobs": 30}}},
+     "request big: enrichment.retry_sampling.logprobs=30 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS) "
+     "(batch index 1)"),
+])
+def test_engine_limits_are_refused_at_enqueue(client, celery_app, queue, fields, message):
+    before = count_jobs(client)
+    with pytest.raises(EngineLimitError) as info:
+        client.enqueue_batch([GenerateRequest(prompt="ok"), GenerateRequest(prompt="x", custom_id="big", **fields)])
+    assert str(info.value) == message
+    assert count_jobs(client) == before
+    assert published(celery_app, queue) == []
+    # the limits themselves are allowed
+    assert client.prompt_checker.check(GenerateRequest(prompt="One two", logprobs=20, prompt_logprobs=20,
+                                                       stop_token_ids=[0, 49151])) == 2
+
+
+def test_max_logprobs_is_the_setting(postgres_url, tiny_model_dir, celery_app):
+    settings = Settings(engine=EngineSettings(model=tiny_model_dir, max_logprobs=0),
+                        database=DatabaseSettings(database_url=postgres_url))
+    client = Client(settings, celery_app=celery_app)
+    try:
+        with pytest.raises(EngineLimitError) as info:
+            client.validate([GenerateRequest(prompt="x", logprobs=1)])
+    finally:
+        client.close()
+    assert str(info.value) == ("request without custom_id: logprobs=1 is more than max_logprobs=0 (WEIR_MAX_LOGPROBS) "
+                               "(batch index 0)")
 
 
 def test_an_unsupported_schema_is_refused_before_anything_is_stored(client, celery_app, queue):
