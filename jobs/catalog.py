@@ -26,7 +26,7 @@ from weir.jobs.exemplars import ExemplarIndex, Labelled
 from weir.jobs.extraction import extraction_messages
 from weir.jobs.quality import OK, description_quality
 from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, Enrichment, GenerateRequest, JobRequest
-from weir.jobs.spec import JobSpec, Taxonomy
+from weir.jobs.spec import OPTIONAL_COLUMNS, JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
 
@@ -84,6 +84,9 @@ class Catalog:
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     """Rows passed over before the last product kept, by reason (``no id ('index' empty)``,
     ``no name ('product' empty)``)."""
+    absent_columns: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The optional fields (:data:`weir.jobs.spec.OPTIONAL_COLUMNS`) whose column the spec names but
+    the file lacks, each with that column's name (``{"brand": "brand"}``): their products hold ""."""
 
 
 def label_path(cell: str, taxonomy: Taxonomy) -> list[str]:
@@ -136,9 +139,14 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
     Returns:
         The catalog; labels and the exemplar pool are taken from every row of the file.
 
+    The brand and description columns are optional (:data:`weir.jobs.spec.OPTIONAL_COLUMNS`): one
+    the file lacks, or that the spec names as ``""``, leaves that field "" in every product
+    (:attr:`Catalog.absent_columns` lists the first kind), and prompts leave it out.
+
     Raises:
-        ValueError: a named column is missing from the header, or there is no label at all (no
-            row has one and the spec names no taxonomy file).
+        ValueError: a column the spec needs (id, name, the taxonomy's label and hint columns) is
+            missing from the header, named in one line with the header; or there is no label at
+            all (no row has one and the spec names no taxonomy file).
         OSError: the file (or the taxonomy file) cannot be read.
     """
     c, t = spec.columns, spec.taxonomy
@@ -146,11 +154,14 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
-        wanted = [c.id, c.name, c.brand, c.description] + ([t.column] if from_column else [])
-        wanted += [t.hint_column] if from_column and t.hint_column else []
-        missing = [name for name in wanted if name not in header]
+        required = [c.id, c.name] + ([t.column] if from_column else [])
+        required += [t.hint_column] if from_column and t.hint_column else []
+        missing = [name for name in required if name not in header]
         if missing:
             raise ValueError(f"{path}: no column {', '.join(map(repr, missing))}; header is {header}")
+        optional = {key: getattr(c, key) for key in OPTIONAL_COLUMNS}
+        absent = {key: name for key, name in optional.items() if name and name not in header}
+        wanted = required + [name for name in optional.values() if name and name in header]
         products: list[Product] = []
         skipped: Counter = Counter()
         pool: list[Labelled] = []
@@ -158,6 +169,7 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
         subs: dict[str, Counter] = {}
         for row in reader:
             field = {name: (row.get(name) or "").strip() for name in wanted}
+            brand, description = field.get(c.brand, ""), field.get(c.description, "")  # optional columns
             label, sub = "", ""
             if from_column:
                 parts = label_path(field[t.column], t)
@@ -172,18 +184,18 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
                     skipped[f"no id ({c.id!r} empty)" if not field[c.id] else f"no name ({c.name!r} empty)"] += 1
                 continue
             if label:
-                pool.append(Labelled(field[c.id], field[c.name], field[c.brand], label))
+                pool.append(Labelled(field[c.id], field[c.name], brand, label))
             if limit is None or len(products) < limit:
-                products.append(Product(field[c.id], field[c.name], field[c.brand], label, field[c.description]))
+                products.append(Product(field[c.id], field[c.name], brand, label, description))
     if not from_column:
         labels, hints = read_taxonomy_file(t.file, t.level)
-        return Catalog(path, products, labels, hints, [], spec, dict(skipped))
+        return Catalog(path, products, labels, hints, [], spec, dict(skipped), absent)
     labels = sorted(found)
     if not labels:
         raise ValueError(f"{path}: column {t.column!r} holds no label in any row; name a taxonomy "
                          "file in the spec ([taxonomy] source = \"file\")")
     hints = {label: [name for name, _ in counts.most_common(NUM_LABEL_HINTS)] for label, counts in subs.items()}
-    return Catalog(path, products, labels, hints, pool, spec, dict(skipped))
+    return Catalog(path, products, labels, hints, pool, spec, dict(skipped), absent)
 
 
 def classify_request(product: Product, catalog: Catalog, exemplars: Optional[list[Labelled]] = None,

@@ -4,8 +4,9 @@ reads sensibly for any shop, so a spec names only what differs.
 
 Layout (every table and key optional)::
 
-    [columns]                 # CSV column names
+    [columns]                 # CSV column names; brand and description are optional: a column
     id = "index"; name = "product"; brand = "brand"; description = "description"
+                              # the CSV lacks (or "") leaves the field empty and out of the prompts
 
     [domain]
     shop = "an online shop"   # how prompts name the seller: "a copywriter for {shop}"
@@ -111,8 +112,16 @@ class SpecError(ValueError):
     """A spec file that cannot be used; the message names the file and the offending key."""
 
 
+OPTIONAL_COLUMNS = ("brand", "description")
+"""The :class:`Columns` fields a catalog may lack: a product without them is named by its id and
+name alone, and prompts leave out the lines they would fill."""
+
+
 @dataclass(frozen=True)
 class Columns:
+    """The catalog's CSV column names; ``""`` for an optional one (:data:`OPTIONAL_COLUMNS`) says
+    the catalog has no such column."""
+
     id: str = "index"
     name: str = "product"
     brand: str = "brand"

@@ -154,6 +154,10 @@ def cmd_enrich(args: argparse.Namespace) -> int:
                 if args.spec is None and "no column" in str(exc) else "")
         print(f"weir enrich: {exc}{hint}", file=sys.stderr)
         return EXIT_USAGE
+    if catalog.absent_columns:
+        absent = catalog.absent_columns
+        print(f"weir enrich: {args.catalog}: no column {', '.join(map(repr, absent.values()))} (optional): "
+              f"prompts leave out the {' and '.join(absent)}", file=sys.stderr)
     skipped = catalog.skipped
     if skipped:
         reasons = ", ".join(f"{count} with {reason}" for reason, count in sorted(skipped.items()))

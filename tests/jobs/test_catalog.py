@@ -7,8 +7,8 @@ import pytest
 import dataclasses
 
 from weir.jobs.catalog import (
-    Catalog, Product, catalog_requests, classify_header, label_path, product_requests, read_catalog,
-    read_taxonomy_file, summarize,
+    Catalog, Product, catalog_requests, classify_header, exemplar_index, label_path, product_requests,
+    read_catalog, read_taxonomy_file, summarize,
 )
 from weir.jobs.exemplars import ExemplarIndex, Labelled
 from weir.jobs.model_info import PromptChecker
@@ -103,9 +103,28 @@ def test_crlf_quoted_multiline_and_other_column_names(tmp_path):
 
 def test_missing_column_is_named(tmp_path):
     path = tmp_path / "c.csv"
-    path.write_text("index,product,category\n1,Tea,Drinks\n")
-    with pytest.raises(ValueError, match=r"no column 'brand', 'description'"):
-        read_catalog(str(path))
+    path.write_text("index,title,brand\n1,Tea,Drinks\n")
+    with pytest.raises(ValueError) as info:
+        read_catalog(str(path), JobSpec(taxonomy=Taxonomy(hint_column="sub")))
+    assert str(info.value) == f"{path}: no column 'product', 'category', 'sub'; header is ['index', 'title', 'brand']"
+
+
+def test_a_catalog_with_only_an_id_a_name_and_a_category(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,category\n1,Green Tea,Drinks\n2,Black Tea,Drinks\n")
+    catalog = read_catalog(str(path))
+    assert catalog.products == [Product("1", "Green Tea", "", "Drinks", ""), Product("2", "Black Tea", "", "Drinks", "")]
+    assert catalog.absent_columns == {"brand": "brand", "description": "description"}
+    classify, describe = product_requests(catalog.products[0], catalog, exemplar_index(catalog))
+    assert classify.prompt == ("Products of an online shop and their categories.\n\n"
+                               "Product: Black Tea\nCategory: Drinks\n\nProduct: Green Tea\nCategory:")
+    assert describe.prompt == ("Product: Green Tea\n\nWrite one full sentence, not a title, that tells a "
+                               "shopper what this product is and why they would want it.")
+    # a spec may say the catalog has no such column; one column it names and the file has is read
+    spec = JobSpec().with_columns(brand="", description="category")
+    catalog = read_catalog(str(path), spec)
+    assert catalog.absent_columns == {}
+    assert catalog.products[0] == Product("1", "Green Tea", "", "Drinks", "Drinks")
 
 
 def test_no_label_anywhere_says_to_name_a_taxonomy_file(tmp_path):

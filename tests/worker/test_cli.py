@@ -168,9 +168,21 @@ def test_enrich_missing_column(tmp_path):
     path.write_text("index,product\n1,Tea\n")
     done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
     assert done.returncode == 2
-    assert done.stderr.strip().endswith(
-        "no column 'brand', 'description', 'category'; header is ['index', 'product']; name the catalog's "
-        "columns in a job spec (--spec FILE, layout in jobs/spec.py)")
+    assert done.stderr == (
+        f"weir enrich: {path}: no column 'category'; header is ['index', 'product']; name the catalog's "
+        "columns in a job spec (--spec FILE, layout in jobs/spec.py)\n")
+
+
+def test_enrich_names_the_optional_columns_a_catalog_lacks(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,category\n,Tea,Drinks\n")
+    done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert done.returncode == 2  # its one row has no id
+    assert done.stderr.splitlines() == [
+        f"weir enrich: {path}: no column 'brand', 'description' (optional): prompts leave out the brand and "
+        "description",
+        "weir enrich: skipped 1 rows: 1 with no id ('index' empty)",
+        f"weir enrich: {path} has no products"]
 
 
 @pytest.mark.parametrize("limit", ["0", "-1"])
