@@ -416,6 +416,8 @@ def load_spec(path: Optional[str] = None) -> JobSpec:
         raise SpecError(f"{path}: cannot read the spec ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise SpecError(f"{path}: not valid TOML, which is UTF-8 (byte offset {exc.start}: {exc.reason})") from None
     spec = parse_spec(data, where=path)
     if spec.taxonomy.file and not os.path.isabs(spec.taxonomy.file):
         resolved = os.path.join(os.path.dirname(os.path.abspath(path)), spec.taxonomy.file)

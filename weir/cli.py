@@ -148,7 +148,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
             name=args.product_col, brand=args.brand_col, description=args.description_col, id=args.id_col)
         if args.category_col is not None:
             spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, column=args.category_col))
-        catalog = read_catalog(args.catalog, spec, limit=args.limit)
+        catalog = read_catalog(args.catalog, spec, limit=args.limit, encoding=args.encoding)
     except (OSError, ValueError) as exc:
         hint = ("; name the catalog's columns in a job spec (--spec FILE, layout in jobs/spec.py)"
                 if args.spec is None and "no column" in str(exc) else "")
@@ -555,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     enrich.add_argument("--description-col", default=None,
                         help="column of the existing description (overrides [columns] description)")
     enrich.add_argument("--id-col", default=None, help="column of the product id (overrides [columns] id)")
+    enrich.add_argument("--encoding", default="utf-8",
+                        help="the catalog's encoding, a Python codec name such as latin-1 or cp1252 (default "
+                             "utf-8; a byte it cannot decode stops the run, naming the line)")
     enrich.add_argument("--timeout-s", type=float, default=None,
                         help="give up waiting after this many seconds (exit 1; the batch goes on)")
     enrich.add_argument("--idle-warning-s", type=float, default=DEFAULT_IDLE_WARNING_S,

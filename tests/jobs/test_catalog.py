@@ -7,7 +7,7 @@ import pytest
 import dataclasses
 
 from weir.jobs.catalog import (
-    Catalog, Product, catalog_requests, classify_header, exemplar_index, label_path, product_requests,
+    Catalog, CatalogEncodingError, Product, catalog_requests, classify_header, exemplar_index, label_path, product_requests,
     read_catalog, read_taxonomy_file, summarize,
 )
 from weir.jobs.exemplars import ExemplarIndex, Labelled
@@ -125,6 +125,38 @@ def test_a_catalog_with_only_an_id_a_name_and_a_category(tmp_path):
     catalog = read_catalog(str(path), spec)
     assert catalog.absent_columns == {}
     assert catalog.products[0] == Product("1", "Green Tea", "", "Drinks", "Drinks")
+
+
+def test_a_latin_1_catalog_is_refused_naming_line_and_byte_unless_its_encoding_is_given(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_bytes(b"index,product,category\n1,Green Tea,Drinks\n2,Caf\xe9 Noir,Drinks\n")
+    with pytest.raises(CatalogEncodingError) as info:
+        read_catalog(str(path))
+    assert str(info.value) == (
+        f"{path}: line 3, byte offset 47: 0xe9 is not valid utf-8; convert the file to UTF-8 (iconv -f LATIN1 "
+        "-t UTF-8 in.csv > out.csv) or give its encoding (weir enrich --encoding latin-1)")
+    assert (info.value.line, info.value.offset) == (3, 47)
+    assert [p.name for p in read_catalog(str(path), encoding="latin-1").products] == ["Green Tea", "Café Noir"]
+    with pytest.raises(ValueError, match="^unknown encoding 'latin-9000' "):
+        read_catalog(str(path), encoding="latin-9000")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_bytes(b"\xef\xbb\xbfindex,product,category\n1,Caf\xc3\xa9,Drinks\n2,\xff,Drinks\n")
+    with pytest.raises(CatalogEncodingError, match=r": line 3, byte offset 43: 0xff is not valid utf-8; "):
+        read_catalog(str(path))
+    path.write_bytes(b"\xef\xbb\xbfindex,product,category\n1,Caf\xc3\xa9,Drinks\n")
+    assert read_catalog(str(path)).products == [Product("1", "Café", "", "Drinks", "")]
+
+
+def test_a_taxonomy_file_that_is_not_utf_8_is_named(tmp_path):
+    path = tmp_path / "taxonomy.txt"
+    path.write_bytes(b"1 - Animals\n2 - Caf\xe9\n")
+    with pytest.raises(CatalogEncodingError) as info:
+        read_taxonomy_file(str(path), 1)
+    assert str(info.value) == (f"{path}: line 2, byte offset 19: 0xe9 is not valid utf-8; convert the file to "
+                               "UTF-8 (iconv -f LATIN1 -t UTF-8 in.txt > out.txt)")
 
 
 def test_no_label_anywhere_says_to_name_a_taxonomy_file(tmp_path):

@@ -107,3 +107,11 @@ def test_default_examples_keep_only_values_the_fields_accept():
                                               "fit": {"type": "string"}}}})
     assert [answer for _, _, answer in spec.extract.worked_examples()] == [
         {"color": None, "pack_of": 2, "fit": None}, {"color": None, "pack_of": None, "fit": None}]
+
+
+def test_a_spec_that_is_not_utf_8_is_one_error_naming_the_file(tmp_path):
+    path = tmp_path / "latin.toml"
+    path.write_bytes(b'[domain]\nshop = "caf\xe9"\n')
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    assert str(info.value) == f"{path}: not valid TOML, which is UTF-8 (byte offset 20: invalid continuation byte)"

@@ -173,6 +173,19 @@ def test_enrich_missing_column(tmp_path):
         "columns in a job spec (--spec FILE, layout in jobs/spec.py)\n")
 
 
+def test_enrich_refuses_a_catalog_that_is_not_utf_8_unless_its_encoding_is_given(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_bytes(b"index,product,brand,description,category\n,Caf\xe9,B,D,Drinks\n")
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    done = weir("enrich", str(path), env_overrides=env)
+    assert (done.returncode, done.stderr) == (2, (
+        f"weir enrich: {path}: line 2, byte offset 45: 0xe9 is not valid utf-8; convert the file to UTF-8 "
+        "(iconv -f LATIN1 -t UTF-8 in.csv > out.csv) or give its encoding (weir enrich --encoding latin-1)\n"))
+    done = weir("enrich", str(path), "--encoding", "latin-1", env_overrides=env)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [  # read: its one row has no id
+        "weir enrich: skipped 1 rows: 1 with no id ('index' empty)", f"weir enrich: {path} has no products"])
+
+
 def test_enrich_names_the_optional_columns_a_catalog_lacks(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("index,product,category\n,Tea,Drinks\n")
