@@ -398,17 +398,27 @@ def _check_extract(where: str, extract: Extract) -> None:
             raise SpecError(f"{where}: [[extract.examples]] #{i + 1} value {at}: {error.message}")
 
 
+def shipped_specs() -> list[str]:
+    """The names of the shipped specs (``--spec NAME``), sorted: ``["bigbasket", "flipkart"]``."""
+    return sorted(name[:-len(".toml")] for name in os.listdir(SPECS_DIR) if name.endswith(".toml"))
+
+
 def load_spec(path: Optional[str] = None) -> JobSpec:
     """Read a spec file; ``None`` gives the default spec. A bare name (``"flipkart"``) is a shipped
     spec from :data:`SPECS_DIR`. A relative taxonomy ``file`` is resolved against the spec's folder.
 
     Raises:
-        SpecError: the file is missing, is not TOML, or holds a bad key (see :func:`parse_spec`).
+        SpecError: the file is missing (for a bare name: ``no shipped spec 'x' (shipped:
+            bigbasket, flipkart); or give the path of a TOML spec file``), is not TOML, or holds
+            a bad key (see :func:`parse_spec`).
     """
     if path is None:
         return JobSpec()
     if os.sep not in path and not path.endswith(".toml"):
-        path = os.path.join(SPECS_DIR, f"{path}.toml")
+        name, path = path, os.path.join(SPECS_DIR, f"{path}.toml")
+        if not os.path.isfile(path):
+            raise SpecError(f"no shipped spec {name!r} (shipped: {', '.join(shipped_specs())}); or give the "
+                            "path of a TOML spec file (layout in jobs/spec.py)")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

@@ -340,6 +340,13 @@ def test_enrich_missing_catalog_file_and_bad_spec_are_one_line(tmp_path):
                           contains=f"weir enrich: {spec}")
 
 
+def test_enrich_with_an_unknown_spec_name_lists_the_shipped_specs(tmp_path):
+    done = weir("enrich", "c.csv", "--spec", "nosuch", env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert (done.returncode, done.stderr) == (2, "weir enrich: no shipped spec 'nosuch' (shipped: bigbasket, "
+                                                 "flipkart); or give the path of a TOML spec file (layout in "
+                                                 "jobs/spec.py)\n")
+
+
 def test_enrich_says_which_rows_it_skipped(tmp_path):
     catalog = tmp_path / "c.csv"
     catalog.write_text("index,product,brand,description,category\n"
