@@ -23,8 +23,8 @@ from weir.model_source import model_context_length as _model_context_length
 from weir.model_source import model_vocab_size as _model_vocab_size
 
 __all__ = [
-    "EngineLimitError", "EnginePrompt", "PromptChecker", "PromptTooLongError", "gguf_context_length",
-    "load_tokenizer", "model_context_length", "model_vocab_size", "resolve_model_path",
+    "EngineLimitError", "EnginePrompt", "PromptChecker", "PromptTooLongError", "RequestProblem",
+    "gguf_context_length", "load_tokenizer", "model_context_length", "model_vocab_size", "resolve_model_path",
 ]
 
 EnginePrompt = PromptType
@@ -73,6 +73,24 @@ def load_tokenizer(path: str):
         OSError: nothing loadable at ``path``.
     """
     return _load_tokenizer(resolve_model(path))
+
+
+@dataclass(frozen=True)
+class RequestProblem:
+    """Why the engine would refuse one request (:meth:`PromptChecker.problems`).
+
+    Attributes:
+        field: the request's field at fault, as weir names it: ``prompt``, ``max_tokens``,
+            ``labels``, ``label_texts``, ``logprobs``, ``prompt_logprobs``, ``stop_token_ids``, or
+            one of the last three under ``enrichment.retry_sampling.``.
+        message: what is wrong, without the request's name, e.g. ``max_tokens=600 is more than
+            max_model_len=512`` (a field's value is written ``field=value``).
+        error: the exception class :meth:`PromptChecker.check` raises for it.
+    """
+
+    field: str
+    message: str
+    error: type[ValueError]
 
 
 @dataclass
@@ -203,38 +221,48 @@ class PromptChecker:
         return self._check_batch(requests, first_index)
 
     def _check_batch(self, requests: Sequence[JobRequest], first_index: Optional[int]) -> list[int]:
-        for i, request in enumerate(requests):
-            if isinstance(request, GenerateRequest):
-                problem = self._sampling_problem(request)
-                if problem is not None:
-                    where = "" if first_index is None else f" (batch index {first_index + i})"
-                    raise EngineLimitError(f"request {request.custom_id or 'without custom_id'}: {problem}{where}")
+        counts, problems = self.problems(requests)
+        for i, (request, problem) in enumerate(zip(requests, problems)):
+            if problem is not None:
+                where = "" if first_index is None else f" (batch index {first_index + i})"
+                raise problem.error(f"request {request.custom_id or 'without custom_id'}: {problem.message}{where}")
+        return counts
+
+    def problems(self, requests: Sequence[JobRequest]) -> tuple[list[int], list[Optional["RequestProblem"]]]:
+        """What the engine would refuse of each request, raising nothing (as :meth:`check_batch`
+        tokenizes: one call for the prompts, one for the distinct label texts).
+
+        Returns:
+            The number of prompt tokens of each request, and each request's first problem (its
+            sampling fields first, then its length), None for a request the engine takes.
+        """
+        found: list[Optional[RequestProblem]] = [
+            self._sampling_problem(r) if isinstance(r, GenerateRequest) else None for r in requests]
         counts = self.num_tokens([r.engine_prompt() for r in requests])
         label_lens = self._label_lens([r for r in requests if isinstance(r, ClassifyRequest)])
         for i, (request, num_prompt_tokens) in enumerate(zip(requests, counts)):
-            name = request.custom_id or "without custom_id"
-            where = "" if first_index is None else f" (batch index {first_index + i})"
-            if num_prompt_tokens >= self.max_model_len:
-                raise PromptTooLongError(
-                    f"prompt of request {name} has {num_prompt_tokens} tokens; max_model_len="
-                    f"{self.max_model_len} leaves no room for output{where}"
-                )
-            if isinstance(request, GenerateRequest):
-                problem = too_long_for_output(num_prompt_tokens, request.max_tokens, self.max_model_len)
-                if problem is not None:
-                    raise PromptTooLongError(f"request {name}: {problem}{where}")
-            if isinstance(request, ClassifyRequest):
-                longest = num_prompt_tokens + max(label_lens[key] for key in _label_keys(request))
-                if longest > self.max_model_len:
-                    raise PromptTooLongError(
-                        f"prompt plus longest label of request {name} has {longest} tokens, more than "
-                        f"max_model_len={self.max_model_len}{where}"
-                    )
-        return counts
+            if found[i] is None:
+                found[i] = self._length_problem(request, num_prompt_tokens, label_lens)
+        return counts, found
 
-    def _sampling_problem(self, request: GenerateRequest) -> Optional[str]:
+    def _length_problem(self, request: JobRequest, num_prompt_tokens: int,
+                        label_lens: dict[tuple[str, bool], int]) -> Optional["RequestProblem"]:
+        if num_prompt_tokens >= self.max_model_len:
+            return RequestProblem("prompt", f"prompt has {num_prompt_tokens} tokens; max_model_len="
+                                            f"{self.max_model_len} leaves no room for output", PromptTooLongError)
+        if isinstance(request, GenerateRequest):
+            problem = too_long_for_output(num_prompt_tokens, request.max_tokens, self.max_model_len)
+            return None if problem is None else RequestProblem("max_tokens", problem, PromptTooLongError)
+        longest = num_prompt_tokens + max(label_lens[key] for key in _label_keys(request))
+        if longest > self.max_model_len:
+            return RequestProblem("labels" if request.label_texts is None else "label_texts",
+                                  f"prompt plus longest label has {longest} tokens, more than "
+                                  f"max_model_len={self.max_model_len}", PromptTooLongError)
+        return None
+
+    def _sampling_problem(self, request: GenerateRequest) -> Optional["RequestProblem"]:
         """What the engine's ``check_request`` would refuse of the request's sampling fields (then
-        of its second attempt's), in its words with the field's name; None when nothing."""
+        of its second attempt's), in its words; None when nothing."""
         attempts = [("", request)]  # the request holds its sampling fields as the engine normalised them
         if (retry := request.retry_params()) is not None:
             attempts.append(("enrichment.retry_sampling.", retry))
@@ -242,11 +270,13 @@ class PromptChecker:
             for name in ("logprobs", "prompt_logprobs"):
                 asked = getattr(params, name)
                 if self.max_logprobs is not None and asked is not None and asked > self.max_logprobs:
-                    return f"{prefix}{name}={asked} is more than max_logprobs={self.max_logprobs} (WEIR_MAX_LOGPROBS)"
+                    return RequestProblem(prefix + name, f"{prefix}{name}={asked} is more than max_logprobs="
+                                                         f"{self.max_logprobs} (WEIR_MAX_LOGPROBS)", EngineLimitError)
             if self.vocab_size is not None:
                 outside = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
                 if outside:
-                    return f"{prefix}stop_token_ids outside the vocabulary [0, {self.vocab_size}): {outside[:5]}"
+                    return RequestProblem(prefix + "stop_token_ids", f"{prefix}stop_token_ids outside the "
+                                          f"vocabulary [0, {self.vocab_size}): {outside[:5]}", EngineLimitError)
         return None
 
     def _label_lens(self, requests: Sequence[ClassifyRequest]) -> dict[tuple[str, bool], int]:

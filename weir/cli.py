@@ -341,9 +341,14 @@ def cmd_batch_submit(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     client = Client(settings)
     try:
+        try:  # the model's tokenizer: lengths are checked with the other fields, line by line
+            checker = client.prompt_checker
+        except (OSError, ValueError):  # no model here: the lines are read all the same, and
+            checker = None              # enqueue_batch says what is wrong with the model
         try:
             with open(args.file, encoding="utf-8") as lines:
-                batch_file = openai_batch.parse_batch_file(lines, model=client.model, path=args.file)
+                batch_file = openai_batch.parse_batch_file(lines, model=client.model, path=args.file,
+                                                           checker=checker)
         except openai_batch.BatchFileError as exc:
             for line in str(exc).splitlines():
                 print(f"weir batch submit: {line}", file=sys.stderr)
@@ -414,13 +419,21 @@ def _output_file(files: Any, path: str) -> Any:
 
 
 def cmd_batch_results(args: argparse.Namespace) -> int:
-    """Write a batch's output file (and error file) in OpenAI's line format, in submission order."""
+    """Write a batch's output file and error file in OpenAI's line format, in submission order: a
+    succeeded request's line in the output file, a failed, cancelled or expired one's in the error
+    file (``--errors``, default :func:`weir.jobs.openai_batch.error_file_path`), as OpenAI's
+    ``output_file_id`` and ``error_file_id`` hold them."""
     import contextlib
     import json
 
     from weir.jobs import openai_batch
     from weir.jobs.client import Client
 
+    errors_path = args.errors or openai_batch.error_file_path(args.output)
+    if os.path.abspath(errors_path) == os.path.abspath(args.output):
+        print(f"weir batch results: --errors {errors_path} is the output file; OpenAI keeps them apart",
+              file=sys.stderr)
+        return EXIT_USAGE
     client = Client(get_settings())
     num_output = num_errors = num_unfinished = 0
     try:
@@ -428,7 +441,7 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
         batch = _openai_batch(client, batch_id)
         with contextlib.ExitStack() as files:
             output = _output_file(files, args.output)
-            errors = output if args.errors is None else _output_file(files, args.errors)
+            errors = _output_file(files, errors_path)
             for job in client.iter_jobs(batch_id):
                 line = openai_batch.result_line(job, batch)
                 if line is None:
@@ -447,8 +460,7 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     finally:
         client.close()
-    where = args.errors or args.output
-    print(f"{num_output} responses in {args.output}, {num_errors} errors in {where}", file=sys.stderr)
+    print(f"{num_output} responses in {args.output}, {num_errors} errors in {errors_path}", file=sys.stderr)
     if num_unfinished:
         print(f"weir batch results: batch {batch_id} is {batch['status']}: {num_unfinished} requests not "
               "finished yet are left out", file=sys.stderr)
@@ -608,8 +620,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch_results.add_argument("--output", metavar="FILE", required=True,
                                help="output file: one line per succeeded request (replaced only once complete)")
     batch_results.add_argument("--errors", metavar="FILE", default=None,
-                               help="error file: one line per failed, cancelled or expired request (default: "
-                                    "those lines go in the output file, as vLLM's run-batch writes them)")
+                               help="error file: one line per failed, cancelled or expired request, as OpenAI "
+                                    "keeps them out of the output file (default: the output file's name with "
+                                    ".errors before its extension, out.jsonl -> out.errors.jsonl)")
     batch_results.set_defaults(func=cmd_batch_results)
 
     db = command("db", "migrate the results database (WEIR_DATABASE_URL), or repair batch counters")

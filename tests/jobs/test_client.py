@@ -77,7 +77,7 @@ def test_invalid_request_stores_and_publishes_nothing(client, celery_app, queue)
 def test_too_long_prompt_is_refused_at_enqueue(client, celery_app, queue):
     before = count_jobs(client)
     long_prompt = "word " * 600  # the tiny model's max_model_len is 512
-    with pytest.raises(PromptTooLongError, match=r"prompt of request long has \d+ tokens; max_model_len=512"):
+    with pytest.raises(PromptTooLongError, match=r"^request long: prompt has \d+ tokens; max_model_len=512 "):
         client.enqueue_batch([GenerateRequest(prompt="ok"), GenerateRequest(prompt=long_prompt, custom_id="long")])
     assert count_jobs(client) == before
     assert published(celery_app, queue) == []
@@ -154,7 +154,8 @@ def test_prompt_plus_label_must_fit(client):
     num_prompt = len(checker.encode(prompt))
     assert num_prompt < 512
     label = "word " * (512 - num_prompt)  # with EOS one token too many
-    with pytest.raises(PromptTooLongError, match="prompt plus longest label"):
+    with pytest.raises(PromptTooLongError, match=r"^request without custom_id: prompt plus longest label has 514 tokens, "
+                                                  r"more than max_model_len=512$"):
         checker.check(ClassifyRequest(prompt=prompt, labels=["a", label]))
     assert checker.check(ClassifyRequest(prompt=prompt, labels=["a"])) == num_prompt
 
@@ -342,7 +343,7 @@ def test_a_wrong_broker_url_stores_nothing_and_says_so_in_one_line(postgres_url,
 @pytest.mark.parametrize("bad_index, bad, error, match", [
     (3, {"kind": "classify", "prompt": "x", "labels": []}, ValidationError, "labels"),
     (4, GenerateRequest(prompt="word " * 600, custom_id="long"), PromptTooLongError,
-     r"prompt of request long has \d+ tokens; max_model_len=512 leaves no room for output \(batch index 4\)"),
+     r"request long: prompt has \d+ tokens; max_model_len=512 leaves no room for output \(batch index 4\)"),
     (5, GenerateRequest(prompt="again", custom_id="c1"), ValueError,
      r"custom_id 'c1' appears more than once in the batch \(batch index 5\)"),
 ])
