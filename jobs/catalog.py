@@ -3,8 +3,10 @@ job spec names ``[extract.fields]``, one attribute extraction job; and their sum
 
 What a catalog looks like, and how it is prompted and decoded, comes from a job spec
 (:mod:`weir.jobs.spec`: columns, shop words, taxonomy, prompts, sampling). The catalog is a CSV
-file read with the csv module. Real dirt is kept as it is (mojibake, empty descriptions) except for
-surrounding whitespace, which is stripped from every field (363 BigBasket brands end in spaces).
+file read with the csv module, UTF-8 unless told otherwise; a byte that is not valid in its encoding
+is refused, naming the line, never replaced. Real dirt is kept as it is (mojibake already in the
+text, empty descriptions) except for surrounding whitespace, which is stripped from every field (363
+BigBasket brands end in spaces).
 
 Every request of a kind starts with the same fixed text (the description's system prompt, the
 classification header, the extraction's system prompt and worked example), so the engine's prefix
@@ -13,6 +15,7 @@ cache serves it.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
 import json
@@ -26,7 +29,7 @@ from weir.jobs.exemplars import ExemplarIndex, Labelled
 from weir.jobs.extraction import extraction_messages
 from weir.jobs.quality import OK, description_quality
 from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, Enrichment, GenerateRequest, JobRequest
-from weir.jobs.spec import JobSpec, Taxonomy
+from weir.jobs.spec import OPTIONAL_COLUMNS, JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
 
@@ -84,6 +87,9 @@ class Catalog:
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     """Rows passed over before the last product kept, by reason (``no id ('index' empty)``,
     ``no name ('product' empty)``)."""
+    absent_columns: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The optional fields (:data:`weir.jobs.spec.OPTIONAL_COLUMNS`) whose column the spec names but
+    the file lacks, each with that column's name (``{"brand": "brand"}``): their products hold ""."""
 
 
 def label_path(cell: str, taxonomy: Taxonomy) -> list[str]:
@@ -102,55 +108,132 @@ def label_path(cell: str, taxonomy: Taxonomy) -> list[str]:
     return [part.strip() for part in parts if part.strip()]
 
 
+DEFAULT_ENCODING = "utf-8"
+
+
+class CatalogEncodingError(ValueError):
+    """A catalog (or taxonomy) file holds a byte sequence its encoding cannot decode.
+
+    Attributes:
+        path: the file.
+        line: the 1-based line of the first such byte (the header is line 1).
+        offset: that byte's 0-based offset in the file.
+    """
+
+    def __init__(self, path: str, encoding: str, line: int, offset: int, bad: bytes, fix: str) -> None:
+        shown = " ".join(f"0x{byte:02x}" for byte in bad)
+        super().__init__(f"{path}: line {line}, byte offset {offset}: {shown} is not valid {encoding}; {fix}")
+        self.path, self.line, self.offset = path, line, offset
+
+
+def _encoding_error(path: str, encoding: str, is_catalog: bool = True) -> CatalogEncodingError:
+    """Where ``path`` first fails to decode (the file is read again whole, only on this path), and
+    how to fix it (only a catalog's encoding can be given)."""
+    ext = os.path.splitext(path)[1] or ".csv"
+    fix = f"convert the file to UTF-8 (iconv -f LATIN1 -t UTF-8 in{ext} > out{ext})"
+    if is_catalog:
+        fix = (f"{fix} or give its encoding (weir enrich --encoding latin-1)" if _codec(encoding) == "utf-8-sig"
+               else "give the file's own encoding (weir enrich --encoding)")
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode(_codec(encoding))
+    except UnicodeDecodeError as exc:
+        offset = len(data) - len(exc.object) + exc.start  # a BOM-skipping codec decodes a suffix
+        return CatalogEncodingError(path, encoding, data.count(b"\n", 0, offset) + 1, offset,
+                                    exc.object[exc.start:exc.end], fix)
+    raise AssertionError(f"{path} decodes as {encoding} when read whole")
+
+
+def _codec(encoding: str) -> str:
+    """The codec a file of ``encoding`` is read with: UTF-8 skips a leading byte-order mark (as
+    spreadsheets write one) and is strict otherwise.
+
+    Raises:
+        ValueError: Python knows no such encoding.
+    """
+    try:
+        name = codecs.lookup(encoding).name
+    except LookupError:
+        raise ValueError(f"unknown encoding {encoding!r} (a Python codec name: utf-8, latin-1, cp1252, ...)") from None
+    return "utf-8-sig" if name == "utf-8" else name
+
+
 def read_taxonomy_file(path: str, level: int) -> tuple[list[str], dict[str, list[str]]]:
     """Labels and hints from a taxonomy file of ``id - A > B > C`` lines (Google's product
     taxonomy; ``#`` lines skipped): the distinct paths of depth ``level`` (joined with " > "),
     sorted, each hinted with its first sub-labels in file order.
 
     Raises:
-        OSError: the file cannot be read. ValueError: it holds no path of that depth.
+        OSError: the file cannot be read. CatalogEncodingError: it is not valid UTF-8.
+        ValueError: it holds no path of that depth.
     """
     labels: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("#") or " - " not in line:
-                continue
-            parts = [p.strip() for p in line.split(" - ", 1)[1].split(" > ")]
-            if len(parts) >= level:
-                hints = labels.setdefault(" > ".join(parts[:level]), [])
-                if len(parts) == level + 1 and len(hints) < NUM_LABEL_HINTS:
-                    hints.append(parts[level])
+    try:
+        with open(path, encoding=_codec(DEFAULT_ENCODING)) as f:
+            for line in f:
+                if line.startswith("#") or " - " not in line:
+                    continue
+                parts = [p.strip() for p in line.split(" - ", 1)[1].split(" > ")]
+                if len(parts) >= level:
+                    hints = labels.setdefault(" > ".join(parts[:level]), [])
+                    if len(parts) == level + 1 and len(hints) < NUM_LABEL_HINTS:
+                        hints.append(parts[level])
+    except UnicodeDecodeError:
+        raise _encoding_error(path, DEFAULT_ENCODING, is_catalog=False) from None
     if not labels:
         raise ValueError(f"{path}: no taxonomy path of depth {level}")
     return sorted(labels), {label: hints for label, hints in labels.items() if hints}
 
 
-def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = None) -> Catalog:
+def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = None,
+                 encoding: str = DEFAULT_ENCODING) -> Catalog:
     """Read a catalog CSV as ``spec`` describes it.
 
     Args:
         path: CSV file with a header row.
         spec: column names and taxonomy (:class:`weir.jobs.spec.JobSpec`).
         limit: keep only the first ``limit`` products (rows without an id or a name are skipped).
+        encoding: the file's encoding, a Python codec name; UTF-8 (the default) skips a leading
+            byte-order mark. Nothing is replaced: a byte the encoding cannot decode is an error.
 
     Returns:
         The catalog; labels and the exemplar pool are taken from every row of the file.
 
+    The brand and description columns are optional (:data:`weir.jobs.spec.OPTIONAL_COLUMNS`): one
+    the file lacks, or that the spec names as ``""``, leaves that field "" in every product
+    (:attr:`Catalog.absent_columns` lists the first kind), and prompts leave it out.
+
     Raises:
-        ValueError: a named column is missing from the header, or there is no label at all (no
-            row has one and the spec names no taxonomy file).
+        ValueError: a column the spec needs (id, name, the taxonomy's label and hint columns) is
+            missing from the header, named in one line with the header; or there is no label at
+            all (no row has one and the spec names no taxonomy file); ``encoding`` is unknown.
+        CatalogEncodingError: a byte the encoding cannot decode; the message names the file, the
+            line, the byte offset and how to fix it, e.g. ``c.csv: line 3, byte offset 41: 0xe9 is
+            not valid utf-8; convert the file to UTF-8 (...) or give its encoding (weir enrich
+            --encoding latin-1)``.
         OSError: the file (or the taxonomy file) cannot be read.
     """
+    try:
+        return _read_catalog(path, spec, limit, encoding)
+    except UnicodeDecodeError:
+        raise _encoding_error(path, encoding) from None
+
+
+def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str) -> Catalog:
     c, t = spec.columns, spec.taxonomy
     from_column = t.source == "column"
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    with open(path, newline="", encoding=_codec(encoding)) as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
-        wanted = [c.id, c.name, c.brand, c.description] + ([t.column] if from_column else [])
-        wanted += [t.hint_column] if from_column and t.hint_column else []
-        missing = [name for name in wanted if name not in header]
+        required = [c.id, c.name] + ([t.column] if from_column else [])
+        required += [t.hint_column] if from_column and t.hint_column else []
+        missing = [name for name in required if name not in header]
         if missing:
             raise ValueError(f"{path}: no column {', '.join(map(repr, missing))}; header is {header}")
+        optional = {key: getattr(c, key) for key in OPTIONAL_COLUMNS}
+        absent = {key: name for key, name in optional.items() if name and name not in header}
+        wanted = required + [name for name in optional.values() if name and name in header]
         products: list[Product] = []
         skipped: Counter = Counter()
         pool: list[Labelled] = []
@@ -158,6 +241,7 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
         subs: dict[str, Counter] = {}
         for row in reader:
             field = {name: (row.get(name) or "").strip() for name in wanted}
+            brand, description = field.get(c.brand, ""), field.get(c.description, "")  # optional columns
             label, sub = "", ""
             if from_column:
                 parts = label_path(field[t.column], t)
@@ -172,18 +256,18 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
                     skipped[f"no id ({c.id!r} empty)" if not field[c.id] else f"no name ({c.name!r} empty)"] += 1
                 continue
             if label:
-                pool.append(Labelled(field[c.id], field[c.name], field[c.brand], label))
+                pool.append(Labelled(field[c.id], field[c.name], brand, label))
             if limit is None or len(products) < limit:
-                products.append(Product(field[c.id], field[c.name], field[c.brand], label, field[c.description]))
+                products.append(Product(field[c.id], field[c.name], brand, label, description))
     if not from_column:
         labels, hints = read_taxonomy_file(t.file, t.level)
-        return Catalog(path, products, labels, hints, [], spec, dict(skipped))
+        return Catalog(path, products, labels, hints, [], spec, dict(skipped), absent)
     labels = sorted(found)
     if not labels:
         raise ValueError(f"{path}: column {t.column!r} holds no label in any row; name a taxonomy "
                          "file in the spec ([taxonomy] source = \"file\")")
     hints = {label: [name for name, _ in counts.most_common(NUM_LABEL_HINTS)] for label, counts in subs.items()}
-    return Catalog(path, products, labels, hints, pool, spec, dict(skipped))
+    return Catalog(path, products, labels, hints, pool, spec, dict(skipped), absent)
 
 
 def classify_request(product: Product, catalog: Catalog, exemplars: Optional[list[Labelled]] = None,

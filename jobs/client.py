@@ -273,9 +273,10 @@ class Client:
 
     @cached_property
     def prompt_checker(self) -> PromptChecker:
-        """The model's tokenizer and ``max_model_len``, loaded on first use."""
+        """The model's tokenizer, ``max_model_len``, vocabulary size and ``max_logprobs``, loaded
+        on first use."""
         engine = self.settings.engine
-        return PromptChecker.for_model(engine.model, engine.tokenizer, engine.max_model_len)
+        return PromptChecker.for_model(engine.model, engine.tokenizer, engine.max_model_len, engine.max_logprobs)
 
     @property
     def celery_app(self) -> Any:
@@ -300,6 +301,8 @@ class Client:
             pydantic.ValidationError: a request is malformed (the error names the field; a note
                 names the request's index).
             weir.jobs.model_info.PromptTooLongError: a prompt does not fit in ``max_model_len``.
+            weir.jobs.model_info.EngineLimitError: ``logprobs``/``prompt_logprobs`` above
+                ``max_logprobs``, or ``stop_token_ids`` outside the model's vocabulary.
         """
         parsed = [_parse(r, i) for i, r in enumerate(requests)]
         self.prompt_checker.check_batch(parsed)
@@ -323,8 +326,8 @@ class Client:
 
         1. the broker is reached (one connection check);
         2. the batch row is committed, ``validating``;
-        3. requests are read ``chunk_size`` at a time: parsed, length-checked in one tokenizer
-           call, and inserted in their own transaction;
+        3. requests are read ``chunk_size`` at a time: parsed, checked against the engine's limits
+           (length in one tokenizer call, ``max_logprobs``, the vocabulary), and inserted in their own transaction;
         4. one transaction sets ``num_jobs`` and makes the batch ``queued``;
         5. one message per job is published, in batch-index order, ``chunk_size`` messages per
            broker round trip on Redis; each chunk's ``published_at`` is stamped just before it goes.
@@ -359,6 +362,9 @@ class Client:
                 names its batch index); nothing was stored.
             PromptTooLongError: a prompt does not fit (the message names the request's
                 ``custom_id`` and batch index); nothing was stored.
+            EngineLimitError: ``logprobs``/``prompt_logprobs`` above ``WEIR_MAX_LOGPROBS``, or
+                ``stop_token_ids`` outside the model's vocabulary (the message names the field,
+                the ``custom_id`` and batch index); nothing was stored.
             BrokerNotConfigured, BrokerUnreachable: no broker to publish to; nothing was stored.
             PublishError: the batch is stored but the broker failed part way; the jobs not
                 published have ``published_at`` null and the sweeper publishes them.

@@ -32,7 +32,9 @@ refused. Any other body field is refused by name, and so is ``stream: true``.
 
 A file is taken whole or not at all: :func:`parse_batch_file` reads every line and raises one
 :class:`BatchFileError` naming each bad line's number and field (the first
-:data:`MAX_REPORTED_ERRORS`); nothing is stored.
+:data:`MAX_REPORTED_ERRORS`, in line order), bad JSON, bad fields and, given the model's
+:class:`weir.jobs.model_info.PromptChecker`, prompts that do not fit ``max_model_len`` and limits of
+the engine alike; nothing is stored.
 
 The batch keeps its OpenAI fields in ``batches.metadata`` (no column of its own): under the key
 :data:`META_KEY` the ``endpoint``, ``input_file_id`` (the file's path), ``completion_window`` and,
@@ -46,6 +48,11 @@ weir never stores); ``cancelled`` -> ``cancelled``, or ``expired`` when :func:`e
 cancelled it. ``cancelling`` and ``finalizing`` are never reported: a cancel is one transaction,
 and the output files are written on request (``weir batch results``), not staged.
 
+Results: ``weir batch results`` writes what OpenAI's ``output_file_id`` and ``error_file_id`` hold,
+one :func:`result_line` per finished request in submission order: a succeeded request's in the output
+file, a failed, cancelled or expired one's in the error file (never in the output file; by default
+:func:`error_file_path`), both written whole even when empty.
+
 Expiry: a batch not finished when its completion window has passed (``created_at +
 completion_window``) is expired by the next :func:`expire_if_due` (``weir batch status``,
 ``cancel`` and ``results`` call it), as OpenAI does it: its unfinished jobs are cancelled, finished
@@ -56,11 +63,12 @@ the error file with code ``batch_expired``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -68,6 +76,9 @@ from sqlalchemy.orm import Session
 from weir.jobs import store
 from weir.jobs.db import BatchStatus, Job, JobStatus, utcnow
 from weir.jobs.schemas import MAX_CUSTOM_ID_CHARS, ClassifyRequest, GenerateRequest, JobRequest
+
+if TYPE_CHECKING:
+    from weir.jobs.model_info import PromptChecker, RequestProblem
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -79,6 +90,9 @@ META_KEY = "openai_batch"
 
 MAX_REPORTED_ERRORS = 10
 """Bad lines named in a :class:`BatchFileError`; the rest are counted."""
+
+CHECK_CHUNK_SIZE = 5_000
+"""Requests tokenized per call when a file's lengths are checked."""
 
 DEFAULT_COMPLETION_WINDOW = "24h"
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
@@ -133,25 +147,33 @@ class BatchFile:
     requests: list[JobRequest]
 
 
-def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input") -> BatchFile:
+def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input",
+                     checker: Optional["PromptChecker"] = None) -> BatchFile:
     """Read an OpenAI batch request file (module docstring: the line format and the mapping).
 
     Args:
         lines: the file's lines (an open text file will do).
         model: the workers' model name; a body's ``model`` must equal it.
         path: the file's name in error messages.
+        checker: the model's length and limit checks (``Client.prompt_checker``); when given,
+            every well-formed line is checked too (:meth:`PromptChecker.problems`), so that a
+            prompt too long for ``max_model_len`` is reported with the other bad lines.
 
     Returns:
         The endpoint and the requests.
 
     Raises:
         BatchFileError: some line is bad (not JSON, a missing or unknown key, an unsupported
-            endpoint, a body field weir refuses, a repeated ``custom_id``), or the file has no
-            request; the message has one line per bad line (its number and field).
+            endpoint, a body field weir refuses, a repeated ``custom_id``, and with ``checker`` a
+            request that does not fit or asks for more than the engine allows), or the file has
+            no request; the message has one line per bad line (its number and field, in line
+            order, e.g. ``line 4: body.messages: prompt has 600 tokens; max_model_len=512 leaves
+            no room for output``).
     """
-    errors: list[str] = []
+    errors: list[tuple[int, str]] = []  # the first bad lines, (number, message), in line order
     num_bad = 0
     requests: list[JobRequest] = []
+    line_names: list[tuple[int, dict[str, str]]] = []  # each request's line and its body's names
     endpoint: Optional[tuple[str, int]] = None
     seen: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):
@@ -169,16 +191,42 @@ def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input") -
             if custom_id in seen:
                 raise _LineError("custom_id", f"{custom_id!r} is already line {seen[custom_id]}'s")
             seen[custom_id] = number
-            requests.append(to_request(url, line["body"], custom_id=custom_id, model=model))
+            request, names = _to_request(url, line["body"], custom_id=custom_id, model=model)
+            requests.append(request)
+            line_names.append((number, names))
         except _LineError as exc:
             num_bad += 1
             if len(errors) < MAX_REPORTED_ERRORS:
-                errors.append(f"line {number}: {exc}")
+                errors.append((number, f"line {number}: {exc}"))
     if endpoint is None and not num_bad:
         raise BatchFileError(path, ["no request (the file is empty)"], 1)
+    if checker is not None:
+        too_long = _problem_lines(checker, requests, line_names)
+        num_bad += len(too_long)
+        errors = sorted(errors + too_long[:MAX_REPORTED_ERRORS])[:MAX_REPORTED_ERRORS]
     if num_bad:
-        raise BatchFileError(path, errors, num_bad)
+        raise BatchFileError(path, [message for _, message in errors], num_bad)
     return BatchFile(endpoint=endpoint[0], requests=requests)
+
+
+def _problem_lines(checker: "PromptChecker", requests: list[JobRequest],
+                   line_names: list[tuple[int, dict[str, str]]]) -> list[tuple[int, str]]:
+    """(line number, message) of each request the engine would refuse, in line order."""
+    found = []
+    for start in range(0, len(requests), CHECK_CHUNK_SIZE):
+        _, problems = checker.problems(requests[start:start + CHECK_CHUNK_SIZE])
+        for (number, names), problem in zip(line_names[start:start + CHECK_CHUNK_SIZE], problems):
+            if problem is not None:
+                found.append((number, f"line {number}: {_problem_text(problem, names)}"))
+    return found
+
+
+def _problem_text(problem: "RequestProblem", names: dict[str, str]) -> str:
+    """``body.<field>: <message>``, the field and its ``field=value`` in the message spelt as the
+    line spells them (``max_completion_tokens``, chat's ``top_logprobs``, chat's ``messages``)."""
+    name = names.get(problem.field, problem.field)
+    message = re.sub(rf"(?<![\w.]){re.escape(problem.field)}=", f"{name}=", problem.message)
+    return f"body.{name}: {message}"
 
 
 def _read_line(text: str) -> dict[str, Any]:
@@ -213,6 +261,11 @@ def to_request(url: str, body: dict[str, Any], *, custom_id: str, model: str) ->
         ValueError: the body is refused; the message starts with the field, as the line spells
             it (``body.temperature: ...``, ``body.messages[0].content: ...``).
     """
+    return _to_request(url, body, custom_id=custom_id, model=model)[0]
+
+
+def _to_request(url: str, body: dict[str, Any], *, custom_id: str, model: str) -> tuple[JobRequest, dict[str, str]]:
+    """:func:`to_request`, and the body's name of each weir field it sets."""
     unknown = sorted(set(body) - _BODY_FIELDS[url])
     if unknown:
         raise _LineError(f"body.{unknown[0]}", f"not supported for {url}")
@@ -223,7 +276,7 @@ def to_request(url: str, body: dict[str, Any], *, custom_id: str, model: str) ->
     fields = {key: value for key, value in body.items() if key not in ("model", "stream")}
     names = {key: key for key in fields}  # weir field -> the body's name for it
     if url == CLASSIFICATIONS:
-        return _validated(ClassifyRequest, fields, names, custom_id)
+        return _validated(ClassifyRequest, fields, names, custom_id), names
     if url == CHAT_COMPLETIONS:
         if "messages" not in fields:
             raise _LineError("body.messages", "missing")
@@ -248,7 +301,7 @@ def to_request(url: str, body: dict[str, Any], *, custom_id: str, model: str) ->
             raise _LineError("body.prompt", "missing")
         if not isinstance(fields["prompt"], str):
             raise _LineError("body.prompt", "must be one string (one prompt per request)")
-    return _validated(GenerateRequest, fields, names, custom_id)
+    return _validated(GenerateRequest, fields, names, custom_id), names
 
 
 def _chat_messages(messages: Any) -> Any:
@@ -476,6 +529,14 @@ def result_line(job: Job, batch: dict[str, Any]) -> Optional[dict[str, Any]]:
 def is_error(line: dict[str, Any]) -> bool:
     """Whether a :func:`result_line` belongs in the error file."""
     return line["error"] is not None
+
+
+def error_file_path(output_path: str) -> str:
+    """Where ``weir batch results`` writes the error file when not told: the output file's path
+    with ``.errors`` before its extension (``out.jsonl`` -> ``out.errors.jsonl``; ``out`` ->
+    ``out.errors.jsonl``)."""
+    root, ext = os.path.splitext(output_path)
+    return f"{root}.errors{ext or '.jsonl'}"
 
 
 def response_body(job: Job, endpoint: str) -> dict[str, Any]:

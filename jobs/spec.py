@@ -4,8 +4,9 @@ reads sensibly for any shop, so a spec names only what differs.
 
 Layout (every table and key optional)::
 
-    [columns]                 # CSV column names
+    [columns]                 # CSV column names; brand and description are optional: a column
     id = "index"; name = "product"; brand = "brand"; description = "description"
+                              # the CSV lacks (or "") leaves the field empty and out of the prompts
 
     [domain]
     shop = "an online shop"   # how prompts name the seller: "a copywriter for {shop}"
@@ -111,8 +112,16 @@ class SpecError(ValueError):
     """A spec file that cannot be used; the message names the file and the offending key."""
 
 
+OPTIONAL_COLUMNS = ("brand", "description")
+"""The :class:`Columns` fields a catalog may lack: a product without them is named by its id and
+name alone, and prompts leave out the lines they would fill."""
+
+
 @dataclass(frozen=True)
 class Columns:
+    """The catalog's CSV column names; ``""`` for an optional one (:data:`OPTIONAL_COLUMNS`) says
+    the catalog has no such column."""
+
     id: str = "index"
     name: str = "product"
     brand: str = "brand"
@@ -389,17 +398,27 @@ def _check_extract(where: str, extract: Extract) -> None:
             raise SpecError(f"{where}: [[extract.examples]] #{i + 1} value {at}: {error.message}")
 
 
+def shipped_specs() -> list[str]:
+    """The names of the shipped specs (``--spec NAME``), sorted: ``["bigbasket", "flipkart"]``."""
+    return sorted(name[:-len(".toml")] for name in os.listdir(SPECS_DIR) if name.endswith(".toml"))
+
+
 def load_spec(path: Optional[str] = None) -> JobSpec:
     """Read a spec file; ``None`` gives the default spec. A bare name (``"flipkart"``) is a shipped
     spec from :data:`SPECS_DIR`. A relative taxonomy ``file`` is resolved against the spec's folder.
 
     Raises:
-        SpecError: the file is missing, is not TOML, or holds a bad key (see :func:`parse_spec`).
+        SpecError: the file is missing (for a bare name: ``no shipped spec 'x' (shipped:
+            bigbasket, flipkart); or give the path of a TOML spec file``), is not TOML, or holds
+            a bad key (see :func:`parse_spec`).
     """
     if path is None:
         return JobSpec()
     if os.sep not in path and not path.endswith(".toml"):
-        path = os.path.join(SPECS_DIR, f"{path}.toml")
+        name, path = path, os.path.join(SPECS_DIR, f"{path}.toml")
+        if not os.path.isfile(path):
+            raise SpecError(f"no shipped spec {name!r} (shipped: {', '.join(shipped_specs())}); or give the "
+                            "path of a TOML spec file (layout in jobs/spec.py)")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -407,6 +426,8 @@ def load_spec(path: Optional[str] = None) -> JobSpec:
         raise SpecError(f"{path}: cannot read the spec ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise SpecError(f"{path}: not valid TOML, which is UTF-8 (byte offset {exc.start}: {exc.reason})") from None
     spec = parse_spec(data, where=path)
     if spec.taxonomy.file and not os.path.isabs(spec.taxonomy.file):
         resolved = os.path.join(os.path.dirname(os.path.abspath(path)), spec.taxonomy.file)

@@ -157,12 +157,16 @@ def cmd_enrich(args: argparse.Namespace) -> int:
             name=args.product_col, brand=args.brand_col, description=args.description_col, id=args.id_col)
         if args.category_col is not None:
             spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, column=args.category_col))
-        catalog = read_catalog(args.catalog, spec, limit=args.limit)
+        catalog = read_catalog(args.catalog, spec, limit=args.limit, encoding=args.encoding)
     except (OSError, ValueError) as exc:
         hint = ("; name the catalog's columns in a job spec (--spec FILE, layout in jobs/spec.py)"
                 if args.spec is None and "no column" in str(exc) else "")
         print(f"weir enrich: {exc}{hint}", file=sys.stderr)
         return EXIT_USAGE
+    if catalog.absent_columns:
+        absent = catalog.absent_columns
+        print(f"weir enrich: {args.catalog}: no column {', '.join(map(repr, absent.values()))} (optional): "
+              f"prompts leave out the {' and '.join(absent)}", file=sys.stderr)
     skipped = catalog.skipped
     if skipped:
         reasons = ", ".join(f"{count} with {reason}" for reason, count in sorted(skipped.items()))
@@ -224,7 +228,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     from weir.worker.embedded import embedded_worker
 
     with embedded_worker(app, settings) as runtime:
-        checker = PromptChecker(runtime.llm.tokenizer, runtime.llm.max_model_len)
+        engine = runtime.llm.llm_engine
+        checker = PromptChecker(runtime.llm.tokenizer, runtime.llm.max_model_len,
+                                vocab_size=engine.config.vocab_size, max_logprobs=engine.args.max_logprobs)
         client = Client(settings, celery_app=app, prompt_checker=checker)
         try:
             return run(client)
@@ -344,9 +350,14 @@ def cmd_batch_submit(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     client = Client(settings)
     try:
+        try:  # the model's tokenizer: lengths are checked with the other fields, line by line
+            checker = client.prompt_checker
+        except (OSError, ValueError):  # no model here: the lines are read all the same, and
+            checker = None              # enqueue_batch says what is wrong with the model
         try:
             with open(args.file, encoding="utf-8") as lines:
-                batch_file = openai_batch.parse_batch_file(lines, model=client.model, path=args.file)
+                batch_file = openai_batch.parse_batch_file(lines, model=client.model, path=args.file,
+                                                           checker=checker)
         except openai_batch.BatchFileError as exc:
             for line in str(exc).splitlines():
                 print(f"weir batch submit: {line}", file=sys.stderr)
@@ -358,7 +369,7 @@ def cmd_batch_submit(args: argparse.Namespace) -> int:
         meta = openai_batch.batch_metadata(batch_file.endpoint, args.file, args.completion_window, metadata)
         try:
             batch_id = client.enqueue_batch(batch_file.requests, metadata=meta)
-        except ValueError as exc:  # a prompt too long for the model
+        except ValueError as exc:  # a prompt too long for the model, a limit of the engine
             print(f"weir batch submit: {args.file}: {exc}; nothing was stored", file=sys.stderr)
             return EXIT_USAGE
     finally:
@@ -417,13 +428,21 @@ def _output_file(files: Any, path: str) -> Any:
 
 
 def cmd_batch_results(args: argparse.Namespace) -> int:
-    """Write a batch's output file (and error file) in OpenAI's line format, in submission order."""
+    """Write a batch's output file and error file in OpenAI's line format, in submission order: a
+    succeeded request's line in the output file, a failed, cancelled or expired one's in the error
+    file (``--errors``, default :func:`weir.jobs.openai_batch.error_file_path`), as OpenAI's
+    ``output_file_id`` and ``error_file_id`` hold them."""
     import contextlib
     import json
 
     from weir.jobs import openai_batch
     from weir.jobs.client import Client
 
+    errors_path = args.errors or openai_batch.error_file_path(args.output)
+    if os.path.abspath(errors_path) == os.path.abspath(args.output):
+        print(f"weir batch results: --errors {errors_path} is the output file; OpenAI keeps them apart",
+              file=sys.stderr)
+        return EXIT_USAGE
     client = Client(get_settings())
     num_output = num_errors = num_unfinished = 0
     try:
@@ -431,7 +450,7 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
         batch = _openai_batch(client, batch_id)
         with contextlib.ExitStack() as files:
             output = _output_file(files, args.output)
-            errors = output if args.errors is None else _output_file(files, args.errors)
+            errors = _output_file(files, errors_path)
             for job in client.iter_jobs(batch_id):
                 line = openai_batch.result_line(job, batch)
                 if line is None:
@@ -450,8 +469,7 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     finally:
         client.close()
-    where = args.errors or args.output
-    print(f"{num_output} responses in {args.output}, {num_errors} errors in {where}", file=sys.stderr)
+    print(f"{num_output} responses in {args.output}, {num_errors} errors in {errors_path}", file=sys.stderr)
     if num_unfinished:
         print(f"weir batch results: batch {batch_id} is {batch['status']}: {num_unfinished} requests not "
               "finished yet are left out", file=sys.stderr)
@@ -565,6 +583,9 @@ def build_parser() -> argparse.ArgumentParser:
     enrich.add_argument("--description-col", default=None,
                         help="column of the existing description (overrides [columns] description)")
     enrich.add_argument("--id-col", default=None, help="column of the product id (overrides [columns] id)")
+    enrich.add_argument("--encoding", default="utf-8",
+                        help="the catalog's encoding, a Python codec name such as latin-1 or cp1252 (default "
+                             "utf-8; a byte it cannot decode stops the run, naming the line)")
     enrich.add_argument("--timeout-s", type=float, default=None,
                         help="give up waiting after this many seconds (exit 1; the batch goes on)")
     enrich.add_argument("--idle-warning-s", type=float, default=DEFAULT_IDLE_WARNING_S,
@@ -615,8 +636,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch_results.add_argument("--output", metavar="FILE", required=True,
                                help="output file: one line per succeeded request (replaced only once complete)")
     batch_results.add_argument("--errors", metavar="FILE", default=None,
-                               help="error file: one line per failed, cancelled or expired request (default: "
-                                    "those lines go in the output file, as vLLM's run-batch writes them)")
+                               help="error file: one line per failed, cancelled or expired request, as OpenAI "
+                                    "keeps them out of the output file (default: the output file's name with "
+                                    ".errors before its extension, out.jsonl -> out.errors.jsonl)")
     batch_results.set_defaults(func=cmd_batch_results)
 
     db = command("db", "migrate the results database (WEIR_DATABASE_URL), or repair batch counters")

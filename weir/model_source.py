@@ -19,7 +19,7 @@ import numbers
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Optional, Sequence, Union
+from typing import Any, BinaryIO, Callable, Optional, Sequence, Union
 
 PromptType = Union[str, list[int], list[dict], dict]
 """A prompt: text, token ids, chat messages (``[{"role": ..., "content": ...}]``), or one of
@@ -119,16 +119,41 @@ def _read_gguf_value(f: BinaryIO, value_type: int) -> Any:
     if value_type == _GGUF_STRING:
         (length,) = struct.unpack("<Q", f.read(8))
         return f.read(length).decode("utf-8", errors="replace")
-    if value_type == _GGUF_ARRAY:
+    if value_type == _GGUF_ARRAY:  # skipped without decoding (token arrays are large): its length
         item_type, count = struct.unpack("<IQ", f.read(12))
-        if item_type in _GGUF_SCALARS:  # skip without decoding: token arrays are large
+        if item_type in _GGUF_SCALARS:
             f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item_type]), os.SEEK_CUR)
-            return None
-        for _ in range(count):
-            _read_gguf_value(f, item_type)
-        return None
+        elif item_type == _GGUF_STRING:
+            for _ in range(count):
+                (length,) = struct.unpack("<Q", f.read(8))
+                f.seek(length, os.SEEK_CUR)
+        else:
+            for _ in range(count):
+                _read_gguf_value(f, item_type)
+        return count
     fmt = "<" + _GGUF_SCALARS[value_type]
     return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+
+def _gguf_metadata(path: str, wanted: Callable[[str], bool]) -> dict[str, Any]:
+    """The metadata values whose keys ``wanted`` accepts (an array as its length), read from a
+    GGUF file's header (GGUF v2/v3 layout) without loading its tensors.
+
+    Raises:
+        ValueError: the file is not GGUF.
+    """
+    found = {}
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file")
+        _version, _num_tensors, num_kv = struct.unpack("<IQQ", f.read(20))
+        for _ in range(num_kv):
+            key = _read_gguf_value(f, _GGUF_STRING)
+            (value_type,) = struct.unpack("<I", f.read(4))
+            value = _read_gguf_value(f, value_type)
+            if wanted(key):
+                found[key] = value
+    return found
 
 
 def gguf_context_length(path: str) -> Optional[int]:
@@ -140,17 +165,24 @@ def gguf_context_length(path: str) -> Optional[int]:
     Raises:
         ValueError: the file is not GGUF.
     """
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise ValueError(f"{path} is not a GGUF file")
-        _version, _num_tensors, num_kv = struct.unpack("<IQQ", f.read(20))
-        for _ in range(num_kv):
-            key = _read_gguf_value(f, _GGUF_STRING)
-            (value_type,) = struct.unpack("<I", f.read(4))
-            value = _read_gguf_value(f, value_type)
-            if key.endswith(".context_length"):
-                return int(value)
-    return None
+    found = _gguf_metadata(path, lambda key: key.endswith(".context_length"))
+    return int(next(iter(found.values()))) if found else None
+
+
+def gguf_vocab_size(path: str) -> Optional[int]:
+    """The model's vocabulary size from a GGUF file's metadata, as transformers' GGUF loader sets
+    ``vocab_size``: ``<arch>.vocab_size``, else the length of ``tokenizer.ggml.tokens``.
+
+    Returns:
+        The number of token ids (``[0, vocab_size)`` are valid), or None when the file states neither.
+
+    Raises:
+        ValueError: the file is not GGUF.
+    """
+    found = _gguf_metadata(path, lambda key: key.endswith(".vocab_size") or key == "tokenizer.ggml.tokens")
+    sizes = [value for key, value in found.items() if key.endswith(".vocab_size")]
+    size = sizes[0] if sizes else found.get("tokenizer.ggml.tokens")
+    return None if size is None else int(size)
 
 
 def model_context_length(src: ModelSource) -> Optional[int]:
@@ -163,6 +195,20 @@ def model_context_length(src: ModelSource) -> Optional[int]:
         return None
     with open(config_path, encoding="utf-8") as f:
         return json.load(f).get("max_position_embeddings")
+
+
+def model_vocab_size(src: ModelSource) -> Optional[int]:
+    """The model's vocabulary size (the engine's ``config.vocab_size``: token ids ``[0, vocab_size)``
+    are valid) without loading it: :func:`gguf_vocab_size`, or ``vocab_size`` of a folder's
+    ``config.json``; None when neither states one (transformers would then use its config class's
+    default, which this does not guess)."""
+    if src.gguf_file:
+        return gguf_vocab_size(src.location)
+    config_path = os.path.join(src.path, "config.json")
+    if not os.path.exists(config_path):
+        return None
+    with open(config_path, encoding="utf-8") as f:
+        return json.load(f).get("vocab_size")
 
 
 def load_tokenizer(src: ModelSource):

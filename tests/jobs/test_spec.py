@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from weir.jobs.spec import SPECS_DIR, JobSpec, SpecError, load_spec, parse_spec
+from weir.jobs.spec import SPECS_DIR, JobSpec, SpecError, load_spec, parse_spec, shipped_specs
 
 
 def test_default_spec_reads_for_any_shop():
@@ -107,3 +107,19 @@ def test_default_examples_keep_only_values_the_fields_accept():
                                               "fit": {"type": "string"}}}})
     assert [answer for _, _, answer in spec.extract.worked_examples()] == [
         {"color": None, "pack_of": 2, "fit": None}, {"color": None, "pack_of": None, "fit": None}]
+
+
+def test_a_spec_that_is_not_utf_8_is_one_error_naming_the_file(tmp_path):
+    path = tmp_path / "latin.toml"
+    path.write_bytes(b'[domain]\nshop = "caf\xe9"\n')
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    assert str(info.value) == f"{path}: not valid TOML, which is UTF-8 (byte offset 20: invalid continuation byte)"
+
+
+def test_an_unknown_spec_name_lists_the_shipped_specs():
+    assert shipped_specs() == ["bigbasket", "flipkart"]
+    with pytest.raises(SpecError) as info:
+        load_spec("nosuch")
+    assert str(info.value) == ("no shipped spec 'nosuch' (shipped: bigbasket, flipkart); or give the path of a "
+                               "TOML spec file (layout in jobs/spec.py)")

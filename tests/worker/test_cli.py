@@ -168,9 +168,34 @@ def test_enrich_missing_column(tmp_path):
     path.write_text("index,product\n1,Tea\n")
     done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
     assert done.returncode == 2
-    assert done.stderr.strip().endswith(
-        "no column 'brand', 'description', 'category'; header is ['index', 'product']; name the catalog's "
-        "columns in a job spec (--spec FILE, layout in jobs/spec.py)")
+    assert done.stderr == (
+        f"weir enrich: {path}: no column 'category'; header is ['index', 'product']; name the catalog's "
+        "columns in a job spec (--spec FILE, layout in jobs/spec.py)\n")
+
+
+def test_enrich_refuses_a_catalog_that_is_not_utf_8_unless_its_encoding_is_given(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_bytes(b"index,product,brand,description,category\n,Caf\xe9,B,D,Drinks\n")
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    done = weir("enrich", str(path), env_overrides=env)
+    assert (done.returncode, done.stderr) == (2, (
+        f"weir enrich: {path}: line 2, byte offset 45: 0xe9 is not valid utf-8; convert the file to UTF-8 "
+        "(iconv -f LATIN1 -t UTF-8 in.csv > out.csv) or give its encoding (weir enrich --encoding latin-1)\n"))
+    done = weir("enrich", str(path), "--encoding", "latin-1", env_overrides=env)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [  # read: its one row has no id
+        "weir enrich: skipped 1 rows: 1 with no id ('index' empty)", f"weir enrich: {path} has no products"])
+
+
+def test_enrich_names_the_optional_columns_a_catalog_lacks(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,category\n,Tea,Drinks\n")
+    done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert done.returncode == 2  # its one row has no id
+    assert done.stderr.splitlines() == [
+        f"weir enrich: {path}: no column 'brand', 'description' (optional): prompts leave out the brand and "
+        "description",
+        "weir enrich: skipped 1 rows: 1 with no id ('index' empty)",
+        f"weir enrich: {path} has no products"]
 
 
 @pytest.mark.parametrize("limit", ["0", "-1"])
@@ -331,6 +356,13 @@ def test_enrich_missing_catalog_file_and_bad_spec_are_one_line(tmp_path):
                           contains=f"weir enrich: {spec}")
 
 
+def test_enrich_with_an_unknown_spec_name_lists_the_shipped_specs(tmp_path):
+    done = weir("enrich", "c.csv", "--spec", "nosuch", env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert (done.returncode, done.stderr) == (2, "weir enrich: no shipped spec 'nosuch' (shipped: bigbasket, "
+                                                 "flipkart); or give the path of a TOML spec file (layout in "
+                                                 "jobs/spec.py)\n")
+
+
 def test_enrich_says_which_rows_it_skipped(tmp_path):
     catalog = tmp_path / "c.csv"
     catalog.write_text("index,product,brand,description,category\n"
@@ -398,6 +430,85 @@ def test_batch_submit_refuses_a_bad_file_naming_each_line_and_stores_nothing(tmp
                       env_overrides={"WEIR_SQLITE_PATH": str(db)})
     assert (bad_option.returncode, bad_option.stderr) == (
         2, "weir batch submit: completion window '1d' is not a duration like 24h, 90m or 3600s\n")
+
+
+def test_batch_submit_reports_a_too_long_prompt_with_the_other_bad_lines(tiny_model_dir, tmp_path):
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(_chat_line("a", temperature=-1) + _chat_line("b") + _chat_line("c", max_tokens=600)
+                        + json.dumps({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions",
+                                      "body": {"messages": [{"role": "user", "content": "word " * 600}]}}) + "\n")
+    db = tmp_path / "w.db"
+    done = weir("batch", "submit", str(requests), env_overrides={"WEIR_SQLITE_PATH": str(db), "WEIR_MODEL": tiny_model_dir})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        f"weir batch submit: {requests}: line 1: body.temperature: must be a finite number >= 0, got -1",
+        f"weir batch submit: {requests}: line 3: body.max_tokens: max_tokens=600 is more than max_model_len=512",
+        f"weir batch submit: {requests}: line 4: body.messages: prompt has 631 tokens; max_model_len=512 leaves no "
+        "room for output",
+        f"weir batch submit: {requests}: 3 bad lines; nothing was stored"]
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM batches").fetchone() == (0,)
+
+
+def test_batch_expires_from_the_command_line_and_its_error_lines_stay_out_of_the_output_file(
+        redis_url, queue, tiny_model_dir, tmp_path):
+    import time
+    import uuid
+    from datetime import timezone
+
+    from weir.jobs import store
+    from weir.jobs.db import JobStatus, make_engine, make_session_factory
+    from weir.jobs.store import JobResult
+
+    openai = pytest.importorskip("openai")
+    env = {"WEIR_BROKER_URL": redis_url, "WEIR_QUEUE": queue, "WEIR_MODEL": tiny_model_dir,
+           "WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(_chat_line("a") + _chat_line("b") + _chat_line("c"))
+    submitted = weir("batch", "submit", str(requests), "--completion-window", "2s", env_overrides=env)
+    assert submitted.returncode == 0, submitted.stderr
+    batch_id = submitted.stdout.strip()
+    # no worker consumes the queue: one job succeeds and one fails as a worker would record them
+    engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}")
+    session_factory = make_session_factory(engine)
+    with session_factory() as session:
+        a, b, c = store.list_jobs(session, uuid.UUID(batch_id))
+    for job, result in [(a, JobResult(status=JobStatus.SUCCEEDED, output_text="Hi", finish_reason="stop",
+                                      num_prompt_tokens=3, num_completion_tokens=1)),
+                        (b, JobResult(status=JobStatus.FAILED, error="engine: boom"))]:
+        with session_factory.begin() as session:
+            assert store.record_result(session, store.claim_job(session, job.id), result)
+    with session_factory() as session:  # naive UTC on SQLite
+        created_at = store.get_batch(session, uuid.UUID(batch_id)).created_at.replace(tzinfo=timezone.utc)
+    time.sleep(max(0.0, created_at.timestamp() + 2 - time.time()) + 0.5)
+
+    status = weir("batch", "status", batch_id, env_overrides=env)
+    assert status.returncode == 0, status.stderr
+    expired = openai.types.Batch.model_validate_json(status.stdout)
+    assert (expired.status, expired.completion_window, expired.request_counts.total,
+            expired.request_counts.completed, expired.request_counts.failed) == ("expired", "2s", 3, 1, 1)
+    assert expired.expires_at <= expired.expired_at <= time.time()
+    with session_factory() as session:
+        assert [j.status for j in store.list_jobs(session, uuid.UUID(batch_id))] == [
+            JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED]
+    engine.dispose()
+
+    output = tmp_path / "out.jsonl"
+    results = weir("batch", "results", batch_id, "--output", str(output), env_overrides=env)
+    errors = tmp_path / "out.errors.jsonl"  # no --errors: beside the output file, as OpenAI keeps them apart
+    assert (results.returncode, results.stderr) == (0, f"1 responses in {output}, 2 errors in {errors}\n")
+    from openai.types.chat import ChatCompletion
+
+    [response] = map(json.loads, output.read_text().splitlines())
+    assert (response["custom_id"], response["response"]["status_code"], response["error"]) == ("a", 200, None)
+    assert ChatCompletion.model_validate(response["response"]["body"]).choices[0].message.content == "Hi"
+    assert [(line["custom_id"], line["response"], line["error"])
+            for line in map(json.loads, errors.read_text().splitlines())] == [
+        ("b", None, {"code": "job_failed", "message": "engine: boom"}),
+        ("c", None, {"code": "batch_expired",
+                     "message": "the batch's completion window passed before this request ran"})]
+    same = weir("batch", "results", batch_id, "--output", str(output), "--errors", str(output), env_overrides=env)
+    assert (same.returncode, same.stderr) == (
+        2, f"weir batch results: --errors {output} is the output file; OpenAI keeps them apart\n")
 
 
 def test_batch_submit_status_cancel_and_results(redis_url, queue, tiny_model_dir, tmp_path):
