@@ -98,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
             env = worker_env(broker_url=args.redis_url, queue=queue, database_url=database_url, model=model_dir,
                              concurrency=args.concurrency or args.max_num_seqs, python_path=[REPO_ROOT],
                              WEIR_SCHEDULING_POLICY="priority", WEIR_STRICT_PRIORITY=str(strict).lower(),
-                             WEIR_MAX_NUM_SEQS=args.max_num_seqs)
+                             WEIR_MAX_NUM_SEQS=args.max_num_seqs,
+                             WEIR_MAX_NUM_BATCHED_TOKENS=args.max_num_batched_tokens)
             client = Client(Settings(engine=EngineSettings(model=model_dir),
                                      worker=WorkerSettings(broker_url=args.redis_url, queue=queue),
                                      database=DatabaseSettings(database_url=database_url)))
-            worker = WorkerProcess(env, os.path.join(workdir, f"worker-{label or 'default'}.log"), cwd=REPO_ROOT)
+            worker = WorkerProcess(env, os.path.join(workdir, f"worker-{label.strip() or 'default'}.log"), cwd=REPO_ROOT)
             try:
                 worker.wait_ready()
                 probe_latencies(client, 3, args.max_tokens)  # warm-up: first compile, first connections
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
     idle_p50, idle_p99 = percentile(rows[0][1], 0.5), percentile(rows[0][1], 0.99)
     print(f"{args.bulk} bulk jobs, max_tokens {args.max_tokens}, WEIR_MAX_NUM_SEQS {args.max_num_seqs}, "
+          f"WEIR_MAX_NUM_BATCHED_TOKENS {args.max_num_batched_tokens}, "
           f"{args.concurrency or args.max_num_seqs} task threads, {args.probes} probes per phase")
     print(f"{'phase':27s} {'probes':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'p50/idle':>8s} {'p99/idle':>8s} "
           f"{'claim':>6s} {'run':>6s} {'close':>6s}  bulk")
@@ -150,6 +152,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--probes", type=int, default=30, help="interactive jobs per phase")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="the worker's step token budget")
     ap.add_argument("--concurrency", type=int, default=None, help="task threads (default: max_num_seqs)")
     ap.add_argument("--fcfs-baseline", action="store_true", help="also run the bulk batch at priority 0")
     ap.add_argument("--redis-url", default=REDIS_URL)
