@@ -190,11 +190,7 @@ def model_context_length(src: ModelSource) -> Optional[int]:
     ``max_position_embeddings`` of a folder's ``config.json``; None when neither states one."""
     if src.gguf_file:
         return gguf_context_length(src.location)
-    config_path = os.path.join(src.path, "config.json")
-    if not os.path.exists(config_path):
-        return None
-    with open(config_path, encoding="utf-8") as f:
-        return json.load(f).get("max_position_embeddings")
+    return _config_value(src, "max_position_embeddings")
 
 
 def model_vocab_size(src: ModelSource) -> Optional[int]:
@@ -204,11 +200,16 @@ def model_vocab_size(src: ModelSource) -> Optional[int]:
     default, which this does not guess)."""
     if src.gguf_file:
         return gguf_vocab_size(src.location)
+    return _config_value(src, "vocab_size")
+
+
+def _config_value(src: ModelSource, key: str):
+    """``key`` of a Hugging Face folder's ``config.json``; None without the file or the key."""
     config_path = os.path.join(src.path, "config.json")
     if not os.path.exists(config_path):
         return None
     with open(config_path, encoding="utf-8") as f:
-        return json.load(f).get("vocab_size")
+        return json.load(f).get(key)
 
 
 def load_tokenizer(src: ModelSource):
