@@ -139,14 +139,14 @@ class Enrichment(BaseModel):
     product_id: str = Field(min_length=1, max_length=MAX_PRODUCT_ID_CHARS)
     field: Optional[Literal["category", "description", "attributes"]] = None
     fingerprint: Optional[str] = Field(None, min_length=1, max_length=64)
+    """What the result was made from (the catalog job's :func:`weir.jobs.catalog.product_fingerprint`
+    of the product's content, the job spec and the model), stored beside the field it fills so that
+    an incremental run skips the products it has already enriched."""
     retry_sampling: Optional[dict[str, Any]] = None
     """A description job only: when its output is flagged
     (:func:`weir.jobs.quality.description_quality` not ``ok``), the worker generates it once more
     with these sampling fields replaced and keeps the first clean attempt (else the first); the
     job's token counts include both attempts."""
-    """What the result was made from (the catalog job's :func:`weir.jobs.catalog.product_fingerprint`
-    of the product's content, the job spec and the model), stored beside the field it fills so that
-    an incremental run skips the products it has already enriched."""
 
 
 class _JobRequest(BaseModel):

@@ -543,6 +543,14 @@ def cmd_bench(argv: Sequence[str]) -> int:
     return bench_main(argv) or EXIT_OK
 
 
+def _shipped_spec_names() -> list[str]:
+    """``weir.jobs.spec.shipped_specs()`` without importing ``weir.jobs`` (pydantic) for every command."""
+    import importlib.util
+
+    specs_dir = os.path.join(importlib.util.find_spec("weir.jobs").submodule_search_locations[0], "specs")
+    return sorted(name[:-len(".toml")] for name in os.listdir(specs_dir) if name.endswith(".toml"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="weir", description="weir: batch LLM inference on Celery, Redis "
                                      "and Postgres (a worker, producers' commands, migrations)",
@@ -573,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="enrich every product; by default a product whose content, job spec and model are "
                              "unchanged since its last enrichment is skipped")
     enrich.add_argument("--spec", default=None,
-                        help="job spec (TOML file, or a shipped spec: bigbasket, flipkart); default: "
+                        help=f"job spec (TOML file, or a shipped spec: {', '.join(_shipped_spec_names())}); default: "
                              "columns index, product, brand, description, category")
     enrich.add_argument("--product-col", default=None, help="column of the product name (overrides the "
                                                             "spec's [columns] name)")
