@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Literal, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from weir.engine.engine_args import normalize_dtype
@@ -57,6 +57,13 @@ class EngineSettings(_WeirSettings):
     @classmethod
     def _canonical_dtype(cls, dtype: str) -> str:
         return normalize_dtype(dtype)
+
+    @field_validator("strict_priority")
+    @classmethod
+    def _strict_needs_priority(cls, strict: bool, info: ValidationInfo) -> bool:
+        if strict and info.data.get("scheduling_policy") != "priority":
+            raise ValueError("true needs WEIR_SCHEDULING_POLICY=priority")
+        return strict
 
 
 class CacheSettings(_WeirSettings):
