@@ -291,7 +291,8 @@ class Client:
                 "visibility_timeout": self.settings.worker.visibility_timeout_s
             }
             self._celery_app.conf.broker_connection_timeout = 2.0
-            self._celery_app.conf.task_send_sent_event = True  # Flower sees jobs from publication on
+            # Celery's setting, off by default as Celery's: each event is one more Redis publish
+            self._celery_app.conf.task_send_sent_event = self.settings.worker.task_send_sent_event
         return self._celery_app
 
     def validate(self, requests: Iterable[RequestLike]) -> list[JobRequest]:

@@ -108,6 +108,9 @@ class WorkerSettings(_WeirSettings):
         None, ge=0, le=65535, description="serve Prometheus metrics on this port (/metrics); unset or 0 = off")
     log_stats_interval_s: float = Field(
         10.0, ge=0, description="log the engine's throughput and cache line this often, seconds; 0 = off")
+    task_send_sent_event: bool = Field(
+        False, description="producers send Celery's task-sent event per job (Flower sees jobs from publication "
+        "on); halves the publish rate")
     catalog_path: Optional[str] = Field(None, description="catalog CSV the nightly enrichment reads")
     catalog_schedule: str = Field("0 2 * * *", description="cron line (UTC) of the nightly enrichment")
     catalog_spec: Optional[str] = Field(

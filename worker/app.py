@@ -10,9 +10,10 @@ weir's (undecodable, not a task, an unknown task) are kept in ``dead_letters``. 
 own results in the database, so there is no result backend. Without ``WEIR_BROKER_URL`` the app
 uses kombu's in-process ``memory://`` transport (the embedded mode of ``weir enrich``).
 
-Celery's task events are on (``worker_send_task_events``, ``task_send_sent_event``), so Flower and
-``celery events`` see every task from its ``task-sent`` event on, jobs published in batches by
-``weir.jobs.publisher`` included.
+Celery's task events are on (``worker_send_task_events``), so Flower and ``celery events`` see
+every task a worker takes; with ``WEIR_TASK_SEND_SENT_EVENT=true`` (Celery's
+``task_send_sent_event``) every published job also sends its ``task-sent`` event, jobs published in
+batches by ``weir.jobs.publisher`` included.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def make_app(settings: Settings) -> Celery:
         worker_consumer="weir.worker.app:DeadLetterConsumer",
         worker_concurrency=worker_concurrency(settings),
         worker_send_task_events=True,  # Flower, `celery events`
-        task_send_sent_event=True,
+        task_send_sent_event=settings.worker.task_send_sent_event,  # the nightly run's publishes
         beat_schedule=beat_schedule(settings),
         timezone="UTC",
     )

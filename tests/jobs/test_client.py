@@ -484,7 +484,8 @@ def test_add_jobs_refuses_a_custom_id_the_batch_already_has_and_keeps_the_rest(s
 
 def test_published_jobs_send_task_sent_events_as_send_task_does(redis_url, queue):
     """A Celery event receiver (what Flower runs) gets one ``task-sent`` per job, with the fields
-    ``apply_async`` gives it, once the app's ``task_send_sent_event`` is on (the client's is)."""
+    ``apply_async`` gives it, once the app's ``task_send_sent_event`` is on (the client's with
+    ``WEIR_TASK_SEND_SENT_EVENT=true``)."""
     import redis
     from celery import Celery
 
@@ -519,7 +520,9 @@ def test_published_jobs_send_task_sent_events_as_send_task_does(redis_url, queue
     assert [(e["name"], e["args"], e["kwargs"], e["queue"], e["exchange"], e["routing_key"], e["retries"])
             for e in events] == [(names.RUN_JOB, f"['{j}']", "{}", queue, "", queue, 0) for j in job_ids]
     assert len({e["uuid"] for e in events}) == len(job_ids)
-    assert Client(Settings(worker=WorkerSettings(broker_url=redis_url))).celery_app.conf.task_send_sent_event
+    assert not Client(Settings(worker=WorkerSettings(broker_url=redis_url))).celery_app.conf.task_send_sent_event
+    on = WorkerSettings(broker_url=redis_url, task_send_sent_event=True)
+    assert Client(Settings(worker=on)).celery_app.conf.task_send_sent_event
 
 
 def test_no_task_sent_event_when_the_app_sends_none(redis_url, queue):
