@@ -39,3 +39,9 @@ def test_the_embedded_worker_is_the_same_without_signal_handlers():
         "embedded@host", 3, "celery.concurrency.thread")
     assert _consumed(worker) == ["weir.Tiny", "weir.Tiny.control"]
     assert worker.ready_callback == ready.append
+
+
+def test_task_events_are_on_and_task_sent_events_follow_the_setting():
+    conf = make_app(_settings()).conf
+    assert (conf.worker_send_task_events, conf.task_send_sent_event) == (True, False)
+    assert make_app(_settings(task_send_sent_event=True)).conf.task_send_sent_event is True
