@@ -278,14 +278,30 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _existing_outputs(paths: Sequence[str]) -> Optional[str]:
+    """One line naming those of ``paths`` that exist, or None (a folder is left to
+    :func:`weir.jobs.export.atomic_output`, which says so)."""
+    existing = [path for path in paths if os.path.lexists(path) and not os.path.isdir(path)]
+    if not existing:
+        return None
+    if len(existing) == 1:
+        return f"{existing[0]} already exists; --force replaces it"
+    return f"{' and '.join(existing)} already exist; --force replaces them"
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     """Write a batch's results in submission order, streamed: JSON Lines (every key of
     :meth:`weir.jobs.client.Client.results`) or CSV (:data:`weir.jobs.export.CSV_COLUMNS`), to
-    stdout or to ``--output`` (which appears only once complete)."""
+    stdout or to ``--output`` (which appears only once complete, and replaces an existing file
+    only with ``--force``)."""
     from weir.jobs import export
     from weir.jobs.client import Client
 
     write = export.WRITERS[args.format]
+    problem = None if args.output is None or args.force else _existing_outputs([args.output])
+    if problem:
+        print(f"weir results: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     client = Client(get_settings())
     try:
         client.batch_status(args.batch_id)
@@ -297,7 +313,7 @@ def cmd_results(args: argparse.Namespace) -> int:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 return EXIT_OK
         else:
-            with export.atomic_output(args.output) as out:
+            with export.atomic_output(args.output, overwrite=args.force) as out:
                 write(client.results(args.batch_id), out)
     except (LookupError, ValueError) as exc:
         print(f"weir results: {exc}", file=sys.stderr)
@@ -413,8 +429,8 @@ def cmd_batch_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _output_file(files: Any, path: str) -> Any:
-    """``export.atomic_output(path)`` entered on ``files`` (an ``ExitStack``).
+def _output_file(files: Any, path: str, overwrite: bool) -> Any:
+    """``export.atomic_output(path, overwrite=overwrite)`` entered on ``files`` (an ``ExitStack``).
 
     Raises:
         ValueError: the file cannot be created (the message names ``path``).
@@ -422,7 +438,7 @@ def _output_file(files: Any, path: str) -> Any:
     from weir.jobs import export
 
     try:
-        return files.enter_context(export.atomic_output(path))
+        return files.enter_context(export.atomic_output(path, overwrite=overwrite))
     except OSError as exc:
         raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -431,7 +447,8 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
     """Write a batch's output file and error file in OpenAI's line format, in submission order: a
     succeeded request's line in the output file, a failed, cancelled or expired one's in the error
     file (``--errors``, default :func:`weir.jobs.openai_batch.error_file_path`), as OpenAI's
-    ``output_file_id`` and ``error_file_id`` hold them."""
+    ``output_file_id`` and ``error_file_id`` hold them. An existing file is refused, before either
+    is written, unless ``--force``."""
     import contextlib
     import json
 
@@ -443,14 +460,18 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
         print(f"weir batch results: --errors {errors_path} is the output file; OpenAI keeps them apart",
               file=sys.stderr)
         return EXIT_USAGE
+    problem = None if args.force else _existing_outputs([args.output, errors_path])
+    if problem:
+        print(f"weir batch results: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     client = Client(get_settings())
     num_output = num_errors = num_unfinished = 0
     try:
         batch_id = _batch_uuid(args.batch_id)
         batch = _openai_batch(client, batch_id)
         with contextlib.ExitStack() as files:
-            output = _output_file(files, args.output)
-            errors = _output_file(files, errors_path)
+            output = _output_file(files, args.output, args.force)
+            errors = _output_file(files, errors_path, args.force)
             for job in client.iter_jobs(batch_id):
                 line = openai_batch.result_line(job, batch)
                 if line is None:
@@ -617,7 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--format", choices=["jsonl", "csv"], default="jsonl",
                          help="jsonl: every field (default); csv: the columns of docs/downstream.md")
     results.add_argument("--output", metavar="FILE", default=None,
-                         help="write to FILE (replaced only once complete) instead of stdout")
+                         help="write to FILE (appears only once complete) instead of stdout; an existing "
+                              "FILE is refused unless --force")
+    results.add_argument("--force", action="store_true", help="replace an existing --output FILE")
     results.set_defaults(func=cmd_results)
 
     batch = command("batch", "OpenAI batch files: submit a request file, follow the batch, write its "
@@ -642,11 +665,14 @@ def build_parser() -> argparse.ArgumentParser:
         "results", help="write the batch's output file and error file in OpenAI's line format")
     batch_results.add_argument("batch_id", help="the batch's id (printed by weir batch submit)")
     batch_results.add_argument("--output", metavar="FILE", required=True,
-                               help="output file: one line per succeeded request (replaced only once complete)")
+                               help="output file: one line per succeeded request (appears only once complete)")
     batch_results.add_argument("--errors", metavar="FILE", default=None,
                                help="error file: one line per failed, cancelled or expired request, as OpenAI "
                                     "keeps them out of the output file (default: the output file's name with "
                                     ".errors before its extension, out.jsonl -> out.errors.jsonl)")
+    batch_results.add_argument("--force", action="store_true",
+                               help="replace an existing output or error file (by default either one existing "
+                                    "refuses the command, and neither is written)")
     batch_results.set_defaults(func=cmd_batch_results)
 
     db = command("db", "migrate the results database (WEIR_DATABASE_URL), or repair batch counters")

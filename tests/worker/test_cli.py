@@ -163,6 +163,30 @@ def test_results_as_csv_into_a_file_that_appears_only_once_complete(tmp_path):
         2, "", f"weir results: cannot write {nowhere}: No such file or directory\n")
 
 
+def test_results_refuses_an_existing_output_file_unless_forced(tmp_path):
+    from weir.jobs import store
+    from weir.jobs.db import make_engine, make_session_factory
+    from weir.jobs.schemas import GenerateRequest
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    with make_session_factory(engine).begin() as session:
+        batch, _ = store.create_batch(session, [GenerateRequest(prompt="p", custom_id="one")], model="tiny")
+    engine.dispose()
+    env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    out = tmp_path / "results.csv"
+    out.write_text("keep me")
+    refused = weir("results", str(batch.id), "--format", "csv", "--output", str(out), env_overrides=env)
+    assert (refused.returncode, refused.stdout, refused.stderr) == (
+        2, "", f"weir results: {out} already exists; --force replaces it\n")
+    assert out.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "weir.db"]
+    forced = weir("results", str(batch.id), "--format", "csv", "--output", str(out), "--force", env_overrides=env)
+    assert (forced.returncode, forced.stderr) == (0, "")
+    assert out.read_text().splitlines()[1].split(",")[1:4] == ["one", "generate", "queued"]
+
+
 def test_enrich_missing_column(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("index,product\n1,Tea\n")
@@ -447,6 +471,54 @@ def test_batch_submit_reports_a_too_long_prompt_with_the_other_bad_lines(tiny_mo
         "room for output",
         f"weir batch submit: {requests}: 3 bad lines; nothing was stored"]
     assert sqlite3.connect(db).execute("SELECT count(*) FROM batches").fetchone() == (0,)
+
+
+def test_batch_results_refuses_existing_output_or_error_files_unless_forced(tmp_path):
+    from weir.jobs import openai_batch, store
+    from weir.jobs.db import make_engine, make_session_factory
+    from weir.jobs.schemas import GenerateRequest
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    migrations.upgrade(url)
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(_chat_line("a"))
+    engine = make_engine(url)
+    with make_session_factory(engine).begin() as session:
+        meta = openai_batch.batch_metadata(openai_batch.CHAT_COMPLETIONS, str(requests), "24h")
+        batch, [job] = store.create_batch(session, [GenerateRequest(prompt="p", custom_id="a")], model="tiny",
+                                          metadata=meta)
+        store.cancel_batch(session, batch.id)
+    engine.dispose()
+    env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    batch_id = str(batch.id)
+    errors = tmp_path / "in.errors.jsonl"
+
+    own = weir("batch", "results", batch_id, "--output", str(requests), env_overrides=env)
+    assert (own.returncode, own.stdout, own.stderr) == (
+        2, "", f"weir batch results: {requests} already exists; --force replaces it\n")
+    assert requests.read_text() == _chat_line("a")
+    errors.write_text("old errors")
+    both = weir("batch", "results", batch_id, "--output", str(requests), env_overrides=env)
+    assert (both.returncode, both.stderr) == (
+        2, f"weir batch results: {requests} and {errors} already exist; --force replaces them\n")
+    output = tmp_path / "out.jsonl"
+    only_errors = weir("batch", "results", batch_id, "--output", str(output), "--errors", str(errors),
+                       env_overrides=env)
+    assert (only_errors.returncode, only_errors.stderr) == (
+        2, f"weir batch results: {errors} already exists; --force replaces it\n")
+    default_errors = tmp_path / "out.errors.jsonl"
+    default_errors.write_text("old default errors")
+    by_default = weir("batch", "results", batch_id, "--output", str(output), env_overrides=env)
+    assert (by_default.returncode, by_default.stderr) == (
+        2, f"weir batch results: {default_errors} already exists; --force replaces it\n")
+    assert (errors.read_text(), default_errors.read_text()) == ("old errors", "old default errors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.errors.jsonl", "in.jsonl", "out.errors.jsonl", "weir.db"]
+
+    forced = weir("batch", "results", batch_id, "--output", str(output), "--force", env_overrides=env)
+    assert (forced.returncode, forced.stderr) == (0, f"0 responses in {output}, 1 errors in {default_errors}\n")
+    assert output.read_text() == ""
+    assert [json.loads(line)["custom_id"] for line in default_errors.read_text().splitlines()] == ["a"]
 
 
 def test_batch_expires_from_the_command_line_and_its_error_lines_stay_out_of_the_output_file(
