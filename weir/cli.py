@@ -613,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="column of the existing description (overrides [columns] description)")
     enrich.add_argument("--id-col", default=None, help="column of the product id (overrides [columns] id)")
     enrich.add_argument("--encoding", default="utf-8",
-                        help="the catalog's encoding, a Python codec name such as latin-1 or cp1252 (default "
+                        help="the catalog's encoding, a Python text codec name such as latin-1 or cp1252 (default "
                              "utf-8; a byte it cannot decode stops the run, naming the line)")
     enrich.add_argument("--timeout-s", type=float, default=None,
                         help="give up waiting after this many seconds (exit 1; the batch goes on)")

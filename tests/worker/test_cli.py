@@ -210,6 +210,15 @@ def test_enrich_refuses_a_catalog_that_is_not_utf_8_unless_its_encoding_is_given
         "weir enrich: skipped 1 rows: 1 with no id ('index' empty)", f"weir enrich: {path} has no products"])
 
 
+def test_enrich_refuses_a_codec_that_is_not_a_text_encoding_in_one_line(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,brand,description,category\n1,Tea,B,D,Drinks\n")
+    done = weir("enrich", str(path), "--encoding", "rot13", env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        "weir enrich: encoding 'rot13' is not a text encoding (a Python text codec name: utf-8, latin-1, "
+        "cp1252, ...)\n"))
+
+
 def test_enrich_names_the_optional_columns_a_catalog_lacks(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("index,product,category\n,Tea,Drinks\n")
