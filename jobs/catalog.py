@@ -222,9 +222,10 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
     (:attr:`Catalog.absent_columns` lists the first kind), and prompts leave it out.
 
     Raises:
-        ValueError: a column the spec needs (id, name, the taxonomy's label and hint columns) is
-            missing from the header, named in one line with the header; or there is no label at
-            all (no row has one and the spec names no taxonomy file); ``encoding`` is unknown or
+        ValueError: the file is empty or its first line (the header) blank; a column the spec
+            needs (id, name, the taxonomy's label and hint columns) is missing from the header,
+            named in one line with the header; the file has no rows below its header and the
+            labels come from a column; or there is no label at all (no row has one and the spec names no taxonomy file); ``encoding`` is unknown or
             not a text encoding.
         CatalogEncodingError: a byte the encoding cannot decode; the message names the file, the
             line, the byte offset and how to fix it, e.g. ``c.csv: line 3, byte offset 41: 0xe9 is
@@ -244,7 +245,11 @@ def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str)
     from_column = t.source == "column"
     with open(path, newline="", encoding=_codec(encoding)) as f:
         reader = csv.DictReader(f)
-        header = reader.fieldnames or []
+        if reader.fieldnames is None:
+            raise ValueError(f"{path}: the file is empty")
+        if not reader.fieldnames:
+            raise ValueError(f"{path}: line 1, the header row, is blank")
+        header = reader.fieldnames
         required = [c.id, c.name] + ([t.column] if from_column else [])
         required += [t.hint_column] if from_column and t.hint_column else []
         missing = [name for name in required if name not in header]
@@ -258,7 +263,8 @@ def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str)
         pool: list[Labelled] = []
         found: set[str] = set()
         subs: dict[str, Counter] = {}
-        for row in reader:
+        num_rows = 0
+        for num_rows, row in enumerate(reader, start=1):
             field = {name: (row.get(name) or "").strip() for name in wanted}
             brand, description = field.get(c.brand, ""), field.get(c.description, "")  # optional columns
             label, sub = "", ""
@@ -282,6 +288,8 @@ def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str)
         labels, hints = read_taxonomy_file(t.file, t.level)
         return Catalog(path, products, labels, hints, [], spec, dict(skipped), absent)
     labels = sorted(found)
+    if not num_rows:
+        raise ValueError(f"{path}: the file has no rows, only a header")
     if not labels:
         raise ValueError(f"{path}: column {t.column!r} holds no label in any row; name a taxonomy "
                          "file in the spec ([taxonomy] source = \"file\")")

@@ -219,6 +219,18 @@ def test_enrich_refuses_a_codec_that_is_not_a_text_encoding_in_one_line(tmp_path
         "cp1252, ...)\n"))
 
 
+def test_enrich_says_a_catalog_is_empty_or_has_only_a_header(tmp_path):
+    path = tmp_path / "c.csv"
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    path.write_text("")
+    empty = weir("enrich", str(path), env_overrides=env)
+    assert (empty.returncode, empty.stderr) == (2, f"weir enrich: {path}: the file is empty\n")
+    path.write_text("index,product,brand,description,category\n")
+    header_only = weir("enrich", str(path), env_overrides=env)
+    assert (header_only.returncode, header_only.stderr) == (
+        2, f"weir enrich: {path}: the file has no rows, only a header\n")
+
+
 def test_enrich_names_the_optional_columns_a_catalog_lacks(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("index,product,category\n,Tea,Drinks\n")
