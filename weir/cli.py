@@ -258,17 +258,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _parse_id(text: str, what: str = "batch") -> Any:
+    """``text`` as a UUID, the id of a batch (or, ``what="job"``, a job).
+
+    Raises:
+        ValueError: ``'nope' is not a batch id (a UUID)``.
+    """
+    import uuid
+
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a {what} id (a UUID)") from None
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel a batch (or, with ``--job``, one job): queued jobs are skipped, running ones aborted."""
     from weir.jobs.client import Client
 
+    try:
+        target_id = _parse_id(args.id, "job" if args.job else "batch")
+    except ValueError as exc:
+        print(f"weir cancel: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     client = Client(get_settings())
     try:
         if args.job:
-            job = client.cancel_job(args.id)
+            job = client.cancel_job(target_id)
             print(f"job {job.id}: {job.status.value}")
         else:
-            batch = client.cancel(args.id)
+            batch = client.cancel(target_id)
             print(f"batch {batch.id}: {batch.status.value}, {batch.num_cancelled} jobs cancelled")
     except (LookupError, ValueError) as exc:
         print(f"weir cancel: {exc}", file=sys.stderr)
@@ -298,23 +317,28 @@ def cmd_results(args: argparse.Namespace) -> int:
     from weir.jobs.client import Client
 
     write = export.WRITERS[args.format]
+    try:
+        batch_id = _parse_id(args.batch_id)
+    except ValueError as exc:
+        print(f"weir results: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     problem = None if args.output is None or args.force else _existing_outputs([args.output])
     if problem:
         print(f"weir results: {problem}", file=sys.stderr)
         return EXIT_USAGE
     client = Client(get_settings())
     try:
-        client.batch_status(args.batch_id)
+        client.batch_status(batch_id)
         if args.output is None:
             try:
-                write(client.results(args.batch_id), sys.stdout)
+                write(client.results(batch_id), sys.stdout)
                 sys.stdout.flush()
             except BrokenPipeError:  # `weir results B | head`: the reader has what it wanted
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 return EXIT_OK
         else:
             with export.atomic_output(args.output, overwrite=args.force) as out:
-                write(client.results(args.batch_id), out)
+                write(client.results(batch_id), out)
     except (LookupError, ValueError) as exc:
         print(f"weir results: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -326,15 +350,6 @@ def cmd_results(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return EXIT_OK
-
-
-def _batch_uuid(text: str) -> Any:
-    import uuid
-
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a batch id (a UUID)") from None
 
 
 def _metadata_pairs(pairs: Sequence[str]) -> dict[str, str]:
@@ -416,10 +431,10 @@ def cmd_batch_status(args: argparse.Namespace) -> int:
     client = Client(get_settings())
     try:
         if args.action == "cancel":
-            batch_id = _batch_uuid(args.batch_id)
+            batch_id = _parse_id(args.batch_id)
             _openai_batch(client, batch_id)  # an OpenAI batch, expired if due
             client.cancel(batch_id)
-        batch = _openai_batch(client, _batch_uuid(args.batch_id))
+        batch = _openai_batch(client, _parse_id(args.batch_id))
     except (LookupError, ValueError) as exc:
         print(f"weir batch {args.action}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -467,7 +482,7 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
     client = Client(get_settings())
     num_output = num_errors = num_unfinished = 0
     try:
-        batch_id = _batch_uuid(args.batch_id)
+        batch_id = _parse_id(args.batch_id)
         batch = _openai_batch(client, batch_id)
         with contextlib.ExitStack() as files:
             output = _output_file(files, args.output, args.force)

@@ -121,6 +121,23 @@ def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
         2, "weir results: no batch with id 00000000-0000-0000-0000-000000000000\n")
 
 
+def test_an_id_that_is_not_a_uuid_is_one_line_naming_it(tmp_path):
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    said = {}
+    for command in (["results", "nope"], ["batch", "status", "nope"], ["batch", "results", "nope", "--output",
+                                                                        str(tmp_path / "o.jsonl")],
+                    ["cancel", "nope"], ["cancel", "--job", "nope"]):
+        done = weir(*command, env_overrides=env)
+        said[" ".join(command[:3 if command[0] == "cancel" else 2])] = (done.returncode, done.stdout, done.stderr)
+    assert said == {
+        "results nope": (2, "", "weir results: 'nope' is not a batch id (a UUID)\n"),
+        "batch status": (2, "", "weir batch status: 'nope' is not a batch id (a UUID)\n"),
+        "batch results": (2, "", "weir batch results: 'nope' is not a batch id (a UUID)\n"),
+        "cancel nope": (2, "", "weir cancel: 'nope' is not a batch id (a UUID)\n"),
+        "cancel --job nope": (2, "", "weir cancel: 'nope' is not a job id (a UUID)\n")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_results_as_csv_into_a_file_that_appears_only_once_complete(tmp_path):
     from weir.jobs import store
     from weir.jobs.db import JobStatus, make_engine, make_session_factory
