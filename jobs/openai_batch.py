@@ -116,19 +116,29 @@ class BatchFileError(ValueError):
 
     Attributes:
         errors: one message per bad line, ``"line N: FIELD: what is wrong"``, at most
-            :data:`MAX_REPORTED_ERRORS` of them.
-        num_bad_lines: how many lines were bad in all.
+            :data:`MAX_REPORTED_ERRORS` of them; or, for a file with no request, the one message
+            :data:`NO_REQUEST`.
+        num_bad_lines: how many lines were bad in all (0 for a file with no request).
     """
 
     def __init__(self, path: str, errors: list[str], num_bad_lines: int) -> None:
         more = num_bad_lines - len(errors)
         lines = [f"{path}: {e}" for e in errors]
-        if more:
-            lines.append(f"{path}: ... and {more} more bad lines")
-        lines.append(f"{path}: {num_bad_lines} bad lines; nothing was stored")
+        if more > 0:
+            lines.append(f"{path}: ... and {_lines(more, 'more bad line')}")
+        if num_bad_lines:
+            lines.append(f"{path}: {_lines(num_bad_lines, 'bad line')}; nothing was stored")
         super().__init__("\n".join(lines))
         self.errors = errors
         self.num_bad_lines = num_bad_lines
+
+
+NO_REQUEST = "the file holds no request (it is empty or blank); nothing was stored"
+"""A :class:`BatchFileError`'s one message for a file with no request."""
+
+
+def _lines(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 class _LineError(ValueError):
@@ -199,7 +209,7 @@ def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input",
             if len(errors) < MAX_REPORTED_ERRORS:
                 errors.append((number, f"line {number}: {exc}"))
     if endpoint is None and not num_bad:
-        raise BatchFileError(path, ["no request (the file is empty)"], 1)
+        raise BatchFileError(path, [NO_REQUEST], 0)
     if checker is not None:
         too_long = _problem_lines(checker, requests, line_names)
         num_bad += len(too_long)

@@ -129,7 +129,23 @@ def test_a_refused_file_names_at_most_ten_lines_and_counts_the_rest():
         "in.jsonl: ... and 2 more bad lines",
         "in.jsonl: 12 bad lines; nothing was stored",
     ]
-    assert refusal([]) == ["no request (the file is empty)"]
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line(str(i), chat(n=0)) for i in range(11)], model=MODEL, path="in.jsonl")
+    assert str(caught.value).splitlines()[-2:] == [
+        "in.jsonl: ... and 1 more bad line", "in.jsonl: 11 bad lines; nothing was stored"]
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line("a", chat(n=0)), line("b", chat())], model=MODEL, path="in.jsonl")
+    assert str(caught.value).splitlines() == [
+        "in.jsonl: line 1: body.n: must be an integer >= 1, got 0", "in.jsonl: 1 bad line; nothing was stored"]
+
+
+@pytest.mark.parametrize("lines", [[], ["", "  \n", "\n"]])
+def test_a_file_with_no_request_says_only_that(lines):
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file(lines, model=MODEL, path="in.jsonl")
+    assert str(caught.value) == "in.jsonl: the file holds no request (it is empty or blank); nothing was stored"
+    assert (caught.value.errors, caught.value.num_bad_lines) == (
+        ["the file holds no request (it is empty or blank); nothing was stored"], 0)
 
 
 def test_a_too_long_prompt_is_reported_with_the_other_bad_lines(tiny_model_dir):

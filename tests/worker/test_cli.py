@@ -488,6 +488,11 @@ def test_batch_submit_refuses_a_bad_file_naming_each_line_and_stores_nothing(tmp
         f"weir batch submit: {requests}: line 3: body.logit_bias: not supported for /v1/chat/completions",
         f"weir batch submit: {requests}: 2 bad lines; nothing was stored"]
     assert sqlite3.connect(db).execute("SELECT count(*) FROM batches").fetchone() == (0,)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n")
+    nothing = weir("batch", "submit", str(blank), env_overrides={"WEIR_SQLITE_PATH": str(db)})
+    assert (nothing.returncode, nothing.stdout, nothing.stderr) == (
+        2, "", f"weir batch submit: {blank}: the file holds no request (it is empty or blank); nothing was stored\n")
     bad_option = weir("batch", "submit", str(requests), "--completion-window", "1d",
                       env_overrides={"WEIR_SQLITE_PATH": str(db)})
     assert (bad_option.returncode, bad_option.stderr) == (
