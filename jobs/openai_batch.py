@@ -183,7 +183,8 @@ def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input",
     errors: list[tuple[int, str]] = []  # the first bad lines, (number, message), in line order
     num_bad = 0
     requests: list[JobRequest] = []
-    line_names: list[tuple[int, dict[str, str]]] = []  # each request's line and its body's names
+    # each request's line, its body's names, and its endpoint when the body gives no max_tokens
+    line_names: list[tuple[int, dict[str, str], Optional[str]]] = []
     endpoint: Optional[tuple[str, int]] = None
     seen: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):
@@ -203,7 +204,8 @@ def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input",
             seen[custom_id] = number
             request, names = _to_request(url, line["body"], custom_id=custom_id, model=model)
             requests.append(request)
-            line_names.append((number, names))
+            gives_max_tokens = bool({"max_tokens", "max_completion_tokens"} & line["body"].keys())
+            line_names.append((number, names, None if gives_max_tokens else url))
         except _LineError as exc:
             num_bad += 1
             if len(errors) < MAX_REPORTED_ERRORS:
@@ -220,22 +222,35 @@ def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input",
 
 
 def _problem_lines(checker: "PromptChecker", requests: list[JobRequest],
-                   line_names: list[tuple[int, dict[str, str]]]) -> list[tuple[int, str]]:
+                   line_names: list[tuple[int, dict[str, str], Optional[str]]]) -> list[tuple[int, str]]:
     """(line number, message) of each request the engine would refuse, in line order."""
     found = []
     for start in range(0, len(requests), CHECK_CHUNK_SIZE):
         _, problems = checker.problems(requests[start:start + CHECK_CHUNK_SIZE])
-        for (number, names), problem in zip(line_names[start:start + CHECK_CHUNK_SIZE], problems):
+        for (number, names, defaulted), problem in zip(line_names[start:start + CHECK_CHUNK_SIZE], problems):
             if problem is not None:
-                found.append((number, f"line {number}: {_problem_text(problem, names)}"))
+                found.append((number, f"line {number}: {_problem_text(problem, names, defaulted)}"))
     return found
 
 
-def _problem_text(problem: "RequestProblem", names: dict[str, str]) -> str:
+DEFAULT_MAX_TOKENS = GenerateRequest.model_fields["max_tokens"].default
+"""A generation's ``max_tokens`` when its body gives none (16, as OpenAI's completions endpoint)."""
+
+_DEFAULT_MAX_TOKENS_NOTES = {
+    COMPLETIONS: f"the line gives no max_tokens: {DEFAULT_MAX_TOKENS} is OpenAI's completions default",
+    CHAT_COMPLETIONS: f"the line gives no max_tokens or max_completion_tokens: {DEFAULT_MAX_TOKENS} is weir's "
+                      "default",
+}
+
+
+def _problem_text(problem: "RequestProblem", names: dict[str, str], defaulted: Optional[str] = None) -> str:
     """``body.<field>: <message>``, the field and its ``field=value`` in the message spelt as the
-    line spells them (``max_completion_tokens``, chat's ``top_logprobs``, chat's ``messages``)."""
+    line spells them (``max_completion_tokens``, chat's ``top_logprobs``, chat's ``messages``);
+    a ``max_tokens`` the body did not give (``defaulted``: its endpoint) is said to be the default."""
     name = names.get(problem.field, problem.field)
     message = re.sub(rf"(?<![\w.]){re.escape(problem.field)}=", f"{name}=", problem.message)
+    if problem.field == "max_tokens" and defaulted in _DEFAULT_MAX_TOKENS_NOTES:
+        message += f"; {_DEFAULT_MAX_TOKENS_NOTES[defaulted]}"
     return f"body.{name}: {message}"
 
 

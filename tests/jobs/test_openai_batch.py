@@ -185,6 +185,28 @@ def test_a_too_long_prompt_is_reported_with_the_other_bad_lines(tiny_model_dir):
         [[f"line {n}", " body.temperature"] for n in range(1, 7)] + [[f"line {n}", " body.messages"] for n in range(7, 11)])
 
 
+def test_a_max_tokens_the_line_does_not_give_is_said_to_be_the_default(tiny_model_dir):
+    from weir.jobs.model_info import PromptChecker
+
+    checker = PromptChecker.for_model(tiny_model_dir)
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line("a", {"prompt": "word " * 500}, url=COMPLETIONS),
+                          line("b", {"prompt": "word " * 500, "max_tokens": 16}, url=COMPLETIONS)],
+                         model=MODEL, path="in.jsonl", checker=checker)
+    assert str(caught.value).splitlines() == [
+        "in.jsonl: line 1: body.max_tokens: prompt (501 tokens) plus max_tokens=16 is 517 tokens, more than "
+        "max_model_len=512; the line gives no max_tokens: 16 is OpenAI's completions default",
+        "in.jsonl: line 2: body.max_tokens: prompt (501 tokens) plus max_tokens=16 is 517 tokens, more than "
+        "max_model_len=512",
+        "in.jsonl: 2 bad lines; nothing was stored"]
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line("a", chat("word " * 470))], model=MODEL, path="in.jsonl", checker=checker)
+    assert str(caught.value).splitlines() == [
+        "in.jsonl: line 1: body.max_tokens: prompt (501 tokens) plus max_tokens=16 is 517 tokens, more than "
+        "max_model_len=512; the line gives no max_tokens or max_completion_tokens: 16 is weir's default",
+        "in.jsonl: 1 bad line; nothing was stored"]
+
+
 def test_an_error_names_the_field_as_the_line_spells_it():
     assert refusal([line("a", chat(max_completion_tokens=0)), line("b", chat(logprobs=True, top_logprobs=-1)),
                     line("c", {"messages": "Hi"})]) == [
