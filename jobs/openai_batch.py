@@ -533,8 +533,9 @@ def result_line(job: Job, batch: dict[str, Any]) -> Optional[dict[str, Any]]:
     "body"}, "error": null}``, the body a ``chat.completion``, a ``text_completion`` or (weir's
     extension) a ``classification`` object, with ``usage`` from the job's token counts. A failed
     job: ``"response": null`` and ``"error": {"code": "job_failed", "message": <the job's
-    error>}``; a cancelled one: code ``batch_cancelled`` (``batch_expired`` in an expired batch).
-    Ids: ``batch_req_<job id hex>`` for the line, the job id for ``request_id``.
+    error>}``; a cancelled one: code ``batch_cancelled`` (``batch_expired`` in an expired batch),
+    its message saying whether it was cancelled before it ran or, once a worker had started it
+    (``attempts >= 1`` or ``started_at`` set), before it finished. Ids: ``batch_req_<job id hex>`` for the line, the job id for ``request_id``.
     """
     if not job.status.is_finished:
         return None
@@ -543,9 +544,10 @@ def result_line(job: Job, batch: dict[str, Any]) -> Optional[dict[str, Any]]:
     if job.status == JobStatus.FAILED:
         line["error"] = {"code": "job_failed", "message": job.error or "failed"}
     elif job.status == JobStatus.CANCELLED:
-        line["error"] = ({"code": "batch_expired", "message": "the batch's completion window passed before "
-                          "this request ran"} if expired else
-                         {"code": "batch_cancelled", "message": "the batch was cancelled before this request ran"})
+        when = "finished" if job.attempts or job.started_at is not None else "ran"
+        line["error"] = ({"code": "batch_expired", "message": f"the batch's completion window passed before "
+                          f"this request {when}"} if expired else
+                         {"code": "batch_cancelled", "message": f"the batch was cancelled before this request {when}"})
     else:
         line["response"] = {"status_code": 200, "request_id": str(job.id), "body": response_body(job, endpoint)}
     return line

@@ -305,6 +305,26 @@ def test_a_batch_past_its_window_expires_and_its_unrun_requests_are_cancelled(se
         assert not openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(hours=3))
 
 
+@pytest.mark.parametrize("expire", [False, True])
+def test_a_cancelled_request_that_had_started_is_said_to_be_cancelled_before_it_finished(session_factory, expire):
+    batch_id, (running, waiting) = store_batch(session_factory, [line("a", chat()), line("b", chat())], window="2h")
+    with session_factory.begin() as session:
+        store.claim_job(session, running.id)
+    with session_factory.begin() as session:
+        if expire:
+            created_at = store.get_batch(session, batch_id).created_at
+            assert openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(hours=2))
+        else:
+            store.cancel_batch(session, batch_id)
+    with session_factory() as session:
+        assert [(j.status, j.attempts, j.started_at is not None) for j in store.list_jobs(session, batch_id)] == [
+            (JobStatus.CANCELLED, 1, True), (JobStatus.CANCELLED, 0, False)]
+    code, why = (("batch_expired", "the batch's completion window passed before this request")
+                 if expire else ("batch_cancelled", "the batch was cancelled before this request"))
+    assert [(r["custom_id"], r["error"]) for r in result_lines(session_factory, batch_id)] == [
+        ("a", {"code": code, "message": f"{why} finished"}), ("b", {"code": code, "message": f"{why} ran"})]
+
+
 def test_batch_metadata_follows_openai_rules():
     with pytest.raises(ValueError, match="completion window '1d' is not a duration like 24h, 90m or 3600s"):
         openai_batch.batch_metadata(CHAT_COMPLETIONS, "in.jsonl", "1d")
