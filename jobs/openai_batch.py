@@ -381,9 +381,11 @@ def parse_completion_window(window: str) -> timedelta:
     Raises:
         ValueError: not a positive whole number of hours, minutes or seconds.
     """
-    match = re.fullmatch(r"([1-9][0-9]*)([hms])", window)
+    match = re.fullmatch(r"([0-9]+)([hms])", window)
     if match is None:
         raise ValueError(f"completion window {window!r} is not a duration like 24h, 90m or 3600s")
+    if int(match[1]) == 0:
+        raise ValueError(f"completion window {window!r} must be positive (24h, 90m, 3600s)")
     return timedelta(**{ {"h": "hours", "m": "minutes", "s": "seconds"}[match[2]]: int(match[1])})
 
 

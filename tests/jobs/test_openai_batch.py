@@ -332,3 +332,11 @@ def test_batch_metadata_follows_openai_rules():
         openai_batch.check_metadata({str(i): "v" for i in range(17)})
     with pytest.raises(ValueError, match="metadata key 'openai_batch' is weir's own"):
         openai_batch.check_metadata({"openai_batch": "x"})
+
+
+def test_a_completion_window_of_zero_is_refused_as_not_positive():
+    for window in ("0s", "0h", "00m"):
+        with pytest.raises(ValueError) as refused:
+            openai_batch.parse_completion_window(window)
+        assert str(refused.value) == f"completion window {window!r} must be positive (24h, 90m, 3600s)"
+    assert openai_batch.parse_completion_window("90m") == timedelta(minutes=90)

@@ -497,6 +497,10 @@ def test_batch_submit_refuses_a_bad_file_naming_each_line_and_stores_nothing(tmp
                       env_overrides={"WEIR_SQLITE_PATH": str(db)})
     assert (bad_option.returncode, bad_option.stderr) == (
         2, "weir batch submit: completion window '1d' is not a duration like 24h, 90m or 3600s\n")
+    zero = weir("batch", "submit", str(requests), "--completion-window", "0s",
+                env_overrides={"WEIR_SQLITE_PATH": str(db)})
+    assert (zero.returncode, zero.stderr) == (
+        2, "weir batch submit: completion window '0s' must be positive (24h, 90m, 3600s)\n")
 
 
 def test_batch_submit_reports_a_too_long_prompt_with_the_other_bad_lines(tiny_model_dir, tmp_path):
