@@ -116,21 +116,33 @@ class CatalogEncodingError(ValueError):
 
     Attributes:
         path: the file.
-        line: the 1-based line of the first such byte (the header is line 1).
-        offset: that byte's 0-based offset in the file.
+        line: the 1-based line of the first such byte (the header is line 1); None when the
+            decoder did not say where (a UTF-16 file without a byte-order mark).
+        offset: that byte's 0-based offset in the file, or None with ``line``.
     """
 
-    def __init__(self, path: str, encoding: str, line: int, offset: int, bad: bytes, fix: str) -> None:
-        shown = " ".join(f"0x{byte:02x}" for byte in bad)
-        super().__init__(f"{path}: line {line}, byte offset {offset}: {shown} is not valid {encoding}; {fix}")
+    def __init__(self, path: str, encoding: str, line: Optional[int], offset: Optional[int], bad: bytes,
+                 fix: str, reason: str = "") -> None:
+        if line is None:
+            super().__init__(f"{path}: not valid {encoding}: {reason}; {fix}")
+        else:
+            shown = " ".join(f"0x{byte:02x}" for byte in bad)
+            super().__init__(f"{path}: line {line}, byte offset {offset}: {shown} is not valid {encoding}; {fix}")
         self.path, self.line, self.offset = path, line, offset
 
 
-def _encoding_error(path: str, encoding: str, is_catalog: bool = True) -> CatalogEncodingError:
+def _encoding_error(path: str, encoding: str, error: UnicodeError, is_catalog: bool = True) -> CatalogEncodingError:
     """Where ``path`` first fails to decode (the file is read again whole, only on this path), and
-    how to fix it (only a catalog's encoding can be given)."""
+    how to fix it (only a catalog's encoding can be given). ``error`` is what reading raised; one
+    that is not a :class:`UnicodeDecodeError` has no position and is reported as it is."""
     ext = os.path.splitext(path)[1] or ".csv"
     fix = f"convert the file to UTF-8 (iconv -f LATIN1 -t UTF-8 in{ext} > out{ext})"
+    if not isinstance(error, UnicodeDecodeError):  # UTF-16 or UTF-32 with no byte-order mark, punycode
+        codec = _codec(encoding)
+        fix = (f"name its byte order (weir enrich --encoding {codec}-le or {codec}-be)"
+               if codec in ("utf-16", "utf-32") else "give the file's own encoding (weir enrich --encoding)")
+        reason = str(error).replace("\r", "\\r").replace("\n", "\\n")  # one line
+        return CatalogEncodingError(path, encoding, None, None, b"", fix, reason=reason)
     if is_catalog:
         fix = (f"{fix} or give its encoding (weir enrich --encoding latin-1)" if _codec(encoding) == "utf-8-sig"
                else "give the file's own encoding (weir enrich --encoding)")
@@ -150,12 +162,17 @@ def _codec(encoding: str) -> str:
     spreadsheets write one) and is strict otherwise.
 
     Raises:
-        ValueError: Python knows no such encoding.
+        ValueError: Python knows no such encoding, or it is not a text encoding (``rot13``,
+            ``base64``, ``hex``, ``zlib``, ``bz2``, ``uu``: codecs from bytes to bytes or str to str).
     """
     try:
-        name = codecs.lookup(encoding).name
+        info = codecs.lookup(encoding)
     except LookupError:
         raise ValueError(f"unknown encoding {encoding!r} (a Python codec name: utf-8, latin-1, cp1252, ...)") from None
+    if not getattr(info, "_is_text_encoding", True):  # what open() checks before it refuses one
+        raise ValueError(f"encoding {encoding!r} is not a text encoding (a Python text codec name: utf-8, latin-1, "
+                         "cp1252, ...)")
+    name = info.name
     return "utf-8-sig" if name == "utf-8" else name
 
 
@@ -179,8 +196,8 @@ def read_taxonomy_file(path: str, level: int) -> tuple[list[str], dict[str, list
                     hints = labels.setdefault(" > ".join(parts[:level]), [])
                     if len(parts) == level + 1 and len(hints) < NUM_LABEL_HINTS:
                         hints.append(parts[level])
-    except UnicodeDecodeError:
-        raise _encoding_error(path, DEFAULT_ENCODING, is_catalog=False) from None
+    except UnicodeDecodeError as exc:
+        raise _encoding_error(path, DEFAULT_ENCODING, exc, is_catalog=False) from None
     if not labels:
         raise ValueError(f"{path}: no taxonomy path of depth {level}")
     return sorted(labels), {label: hints for label, hints in labels.items() if hints}
@@ -205,19 +222,22 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
     (:attr:`Catalog.absent_columns` lists the first kind), and prompts leave it out.
 
     Raises:
-        ValueError: a column the spec needs (id, name, the taxonomy's label and hint columns) is
-            missing from the header, named in one line with the header; or there is no label at
-            all (no row has one and the spec names no taxonomy file); ``encoding`` is unknown.
+        ValueError: the file is empty or its first line (the header) blank; a column the spec
+            needs (id, name, the taxonomy's label and hint columns) is missing from the header,
+            named in one line with the header; the file has no rows below its header and the
+            labels come from a column; or there is no label at all (no row has one and the spec names no taxonomy file); ``encoding`` is unknown or
+            not a text encoding.
         CatalogEncodingError: a byte the encoding cannot decode; the message names the file, the
             line, the byte offset and how to fix it, e.g. ``c.csv: line 3, byte offset 41: 0xe9 is
             not valid utf-8; convert the file to UTF-8 (...) or give its encoding (weir enrich
-            --encoding latin-1)``.
+            --encoding latin-1)``; the file and the decoder's reason where the decoder gives no
+            position (``c.csv: not valid utf-16: UTF-16 stream does not start with BOM; ...``).
         OSError: the file (or the taxonomy file) cannot be read.
     """
     try:
         return _read_catalog(path, spec, limit, encoding)
-    except UnicodeDecodeError:
-        raise _encoding_error(path, encoding) from None
+    except UnicodeError as exc:  # UnicodeDecodeError, or one with no position (no UTF-16 byte-order mark)
+        raise _encoding_error(path, encoding, exc) from None
 
 
 def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str) -> Catalog:
@@ -225,7 +245,11 @@ def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str)
     from_column = t.source == "column"
     with open(path, newline="", encoding=_codec(encoding)) as f:
         reader = csv.DictReader(f)
-        header = reader.fieldnames or []
+        if reader.fieldnames is None:
+            raise ValueError(f"{path}: the file is empty")
+        if not reader.fieldnames:
+            raise ValueError(f"{path}: line 1, the header row, is blank")
+        header = reader.fieldnames
         required = [c.id, c.name] + ([t.column] if from_column else [])
         required += [t.hint_column] if from_column and t.hint_column else []
         missing = [name for name in required if name not in header]
@@ -239,7 +263,8 @@ def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str)
         pool: list[Labelled] = []
         found: set[str] = set()
         subs: dict[str, Counter] = {}
-        for row in reader:
+        num_rows = 0
+        for num_rows, row in enumerate(reader, start=1):
             field = {name: (row.get(name) or "").strip() for name in wanted}
             brand, description = field.get(c.brand, ""), field.get(c.description, "")  # optional columns
             label, sub = "", ""
@@ -263,6 +288,8 @@ def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str)
         labels, hints = read_taxonomy_file(t.file, t.level)
         return Catalog(path, products, labels, hints, [], spec, dict(skipped), absent)
     labels = sorted(found)
+    if not num_rows:
+        raise ValueError(f"{path}: the file has no rows, only a header")
     if not labels:
         raise ValueError(f"{path}: column {t.column!r} holds no label in any row; name a taxonomy "
                          "file in the spec ([taxonomy] source = \"file\")")

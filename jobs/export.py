@@ -8,6 +8,7 @@ them; ``docs/downstream.md`` documents the formats.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import tempfile
@@ -63,29 +64,44 @@ WRITERS: dict[str, Callable[[Iterable[dict[str, Any]], IO[str]], int]] = {"jsonl
 
 
 @contextmanager
-def atomic_output(path: str) -> Iterator[IO[str]]:
+def atomic_output(path: str, *, overwrite: bool = True) -> Iterator[IO[str]]:
     """A UTF-8 text file that appears at ``path`` only when the block ends without an error.
 
     It is written as a temporary file in the same folder and renamed over ``path`` at the end, so
     a reader never sees half a file; on an error the temporary file is removed and ``path`` is
     left as it was.
 
+    Args:
+        path: the file to write.
+        overwrite: replace a file already at ``path``; when False such a file is refused, at
+            entry and again just before the rename, and left as it was.
+
     Raises:
+        FileExistsError: ``overwrite`` is False and ``path`` exists (``filename`` is ``path``).
         OSError: ``path`` is a folder, or its folder does not exist or cannot be written (at
             entry, before any row is read).
     """
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a folder")
+    if not overwrite:
+        _refuse_existing(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".part", dir=folder)
     try:
         with open(fd, "w", encoding="utf-8", newline="") as out:
             yield out
         os.chmod(temporary, 0o666 & ~_umask())
+        if not overwrite:  # a file may have appeared while the rows were written
+            _refuse_existing(path)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def _refuse_existing(path: str) -> None:
+    if os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
 
 
 def _umask() -> int:

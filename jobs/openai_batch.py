@@ -116,19 +116,29 @@ class BatchFileError(ValueError):
 
     Attributes:
         errors: one message per bad line, ``"line N: FIELD: what is wrong"``, at most
-            :data:`MAX_REPORTED_ERRORS` of them.
-        num_bad_lines: how many lines were bad in all.
+            :data:`MAX_REPORTED_ERRORS` of them; or, for a file with no request, the one message
+            :data:`NO_REQUEST`.
+        num_bad_lines: how many lines were bad in all (0 for a file with no request).
     """
 
     def __init__(self, path: str, errors: list[str], num_bad_lines: int) -> None:
         more = num_bad_lines - len(errors)
         lines = [f"{path}: {e}" for e in errors]
-        if more:
-            lines.append(f"{path}: ... and {more} more bad lines")
-        lines.append(f"{path}: {num_bad_lines} bad lines; nothing was stored")
+        if more > 0:
+            lines.append(f"{path}: ... and {_lines(more, 'more bad line')}")
+        if num_bad_lines:
+            lines.append(f"{path}: {_lines(num_bad_lines, 'bad line')}; nothing was stored")
         super().__init__("\n".join(lines))
         self.errors = errors
         self.num_bad_lines = num_bad_lines
+
+
+NO_REQUEST = "the file holds no request (it is empty or blank); nothing was stored"
+"""A :class:`BatchFileError`'s one message for a file with no request."""
+
+
+def _lines(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 class _LineError(ValueError):
@@ -173,7 +183,8 @@ def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input",
     errors: list[tuple[int, str]] = []  # the first bad lines, (number, message), in line order
     num_bad = 0
     requests: list[JobRequest] = []
-    line_names: list[tuple[int, dict[str, str]]] = []  # each request's line and its body's names
+    # each request's line, its body's names, and its endpoint when the body gives no max_tokens
+    line_names: list[tuple[int, dict[str, str], Optional[str]]] = []
     endpoint: Optional[tuple[str, int]] = None
     seen: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):
@@ -193,13 +204,14 @@ def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input",
             seen[custom_id] = number
             request, names = _to_request(url, line["body"], custom_id=custom_id, model=model)
             requests.append(request)
-            line_names.append((number, names))
+            gives_max_tokens = bool({"max_tokens", "max_completion_tokens"} & line["body"].keys())
+            line_names.append((number, names, None if gives_max_tokens else url))
         except _LineError as exc:
             num_bad += 1
             if len(errors) < MAX_REPORTED_ERRORS:
                 errors.append((number, f"line {number}: {exc}"))
     if endpoint is None and not num_bad:
-        raise BatchFileError(path, ["no request (the file is empty)"], 1)
+        raise BatchFileError(path, [NO_REQUEST], 0)
     if checker is not None:
         too_long = _problem_lines(checker, requests, line_names)
         num_bad += len(too_long)
@@ -210,22 +222,35 @@ def parse_batch_file(lines: Iterable[str], *, model: str, path: str = "input",
 
 
 def _problem_lines(checker: "PromptChecker", requests: list[JobRequest],
-                   line_names: list[tuple[int, dict[str, str]]]) -> list[tuple[int, str]]:
+                   line_names: list[tuple[int, dict[str, str], Optional[str]]]) -> list[tuple[int, str]]:
     """(line number, message) of each request the engine would refuse, in line order."""
     found = []
     for start in range(0, len(requests), CHECK_CHUNK_SIZE):
         _, problems = checker.problems(requests[start:start + CHECK_CHUNK_SIZE])
-        for (number, names), problem in zip(line_names[start:start + CHECK_CHUNK_SIZE], problems):
+        for (number, names, defaulted), problem in zip(line_names[start:start + CHECK_CHUNK_SIZE], problems):
             if problem is not None:
-                found.append((number, f"line {number}: {_problem_text(problem, names)}"))
+                found.append((number, f"line {number}: {_problem_text(problem, names, defaulted)}"))
     return found
 
 
-def _problem_text(problem: "RequestProblem", names: dict[str, str]) -> str:
+DEFAULT_MAX_TOKENS = GenerateRequest.model_fields["max_tokens"].default
+"""A generation's ``max_tokens`` when its body gives none (16, as OpenAI's completions endpoint)."""
+
+_DEFAULT_MAX_TOKENS_NOTES = {
+    COMPLETIONS: f"the line gives no max_tokens: {DEFAULT_MAX_TOKENS} is OpenAI's completions default",
+    CHAT_COMPLETIONS: f"the line gives no max_tokens or max_completion_tokens: {DEFAULT_MAX_TOKENS} is weir's "
+                      "default",
+}
+
+
+def _problem_text(problem: "RequestProblem", names: dict[str, str], defaulted: Optional[str] = None) -> str:
     """``body.<field>: <message>``, the field and its ``field=value`` in the message spelt as the
-    line spells them (``max_completion_tokens``, chat's ``top_logprobs``, chat's ``messages``)."""
+    line spells them (``max_completion_tokens``, chat's ``top_logprobs``, chat's ``messages``);
+    a ``max_tokens`` the body did not give (``defaulted``: its endpoint) is said to be the default."""
     name = names.get(problem.field, problem.field)
     message = re.sub(rf"(?<![\w.]){re.escape(problem.field)}=", f"{name}=", problem.message)
+    if problem.field == "max_tokens" and defaulted in _DEFAULT_MAX_TOKENS_NOTES:
+        message += f"; {_DEFAULT_MAX_TOKENS_NOTES[defaulted]}"
     return f"body.{name}: {message}"
 
 
@@ -356,9 +381,11 @@ def parse_completion_window(window: str) -> timedelta:
     Raises:
         ValueError: not a positive whole number of hours, minutes or seconds.
     """
-    match = re.fullmatch(r"([1-9][0-9]*)([hms])", window)
+    match = re.fullmatch(r"([0-9]+)([hms])", window)
     if match is None:
         raise ValueError(f"completion window {window!r} is not a duration like 24h, 90m or 3600s")
+    if int(match[1]) == 0:
+        raise ValueError(f"completion window {window!r} must be positive (24h, 90m, 3600s)")
     return timedelta(**{ {"h": "hours", "m": "minutes", "s": "seconds"}[match[2]]: int(match[1])})
 
 
@@ -508,8 +535,9 @@ def result_line(job: Job, batch: dict[str, Any]) -> Optional[dict[str, Any]]:
     "body"}, "error": null}``, the body a ``chat.completion``, a ``text_completion`` or (weir's
     extension) a ``classification`` object, with ``usage`` from the job's token counts. A failed
     job: ``"response": null`` and ``"error": {"code": "job_failed", "message": <the job's
-    error>}``; a cancelled one: code ``batch_cancelled`` (``batch_expired`` in an expired batch).
-    Ids: ``batch_req_<job id hex>`` for the line, the job id for ``request_id``.
+    error>}``; a cancelled one: code ``batch_cancelled`` (``batch_expired`` in an expired batch),
+    its message saying whether it was cancelled before it ran or, once a worker had started it
+    (``attempts >= 1`` or ``started_at`` set), before it finished. Ids: ``batch_req_<job id hex>`` for the line, the job id for ``request_id``.
     """
     if not job.status.is_finished:
         return None
@@ -518,9 +546,10 @@ def result_line(job: Job, batch: dict[str, Any]) -> Optional[dict[str, Any]]:
     if job.status == JobStatus.FAILED:
         line["error"] = {"code": "job_failed", "message": job.error or "failed"}
     elif job.status == JobStatus.CANCELLED:
-        line["error"] = ({"code": "batch_expired", "message": "the batch's completion window passed before "
-                          "this request ran"} if expired else
-                         {"code": "batch_cancelled", "message": "the batch was cancelled before this request ran"})
+        when = "finished" if job.attempts or job.started_at is not None else "ran"
+        line["error"] = ({"code": "batch_expired", "message": f"the batch's completion window passed before "
+                          f"this request {when}"} if expired else
+                         {"code": "batch_cancelled", "message": f"the batch was cancelled before this request {when}"})
     else:
         line["response"] = {"status_code": 200, "request_id": str(job.id), "body": response_body(job, endpoint)}
     return line

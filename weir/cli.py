@@ -258,17 +258,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _parse_id(text: str, what: str = "batch") -> Any:
+    """``text`` as a UUID, the id of a batch (or, ``what="job"``, a job).
+
+    Raises:
+        ValueError: ``'nope' is not a batch id (a UUID)``.
+    """
+    import uuid
+
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a {what} id (a UUID)") from None
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel a batch (or, with ``--job``, one job): queued jobs are skipped, running ones aborted."""
     from weir.jobs.client import Client
 
+    try:
+        target_id = _parse_id(args.id, "job" if args.job else "batch")
+    except ValueError as exc:
+        print(f"weir cancel: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     client = Client(get_settings())
     try:
         if args.job:
-            job = client.cancel_job(args.id)
+            job = client.cancel_job(target_id)
             print(f"job {job.id}: {job.status.value}")
         else:
-            batch = client.cancel(args.id)
+            batch = client.cancel(target_id)
             print(f"batch {batch.id}: {batch.status.value}, {batch.num_cancelled} jobs cancelled")
     except (LookupError, ValueError) as exc:
         print(f"weir cancel: {exc}", file=sys.stderr)
@@ -278,27 +297,48 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _existing_outputs(paths: Sequence[str]) -> Optional[str]:
+    """One line naming those of ``paths`` that exist, or None (a folder is left to
+    :func:`weir.jobs.export.atomic_output`, which says so)."""
+    existing = [path for path in paths if os.path.lexists(path) and not os.path.isdir(path)]
+    if not existing:
+        return None
+    if len(existing) == 1:
+        return f"{existing[0]} already exists; --force replaces it"
+    return f"{' and '.join(existing)} already exist; --force replaces them"
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     """Write a batch's results in submission order, streamed: JSON Lines (every key of
     :meth:`weir.jobs.client.Client.results`) or CSV (:data:`weir.jobs.export.CSV_COLUMNS`), to
-    stdout or to ``--output`` (which appears only once complete)."""
+    stdout or to ``--output`` (which appears only once complete, and replaces an existing file
+    only with ``--force``)."""
     from weir.jobs import export
     from weir.jobs.client import Client
 
     write = export.WRITERS[args.format]
+    try:
+        batch_id = _parse_id(args.batch_id)
+    except ValueError as exc:
+        print(f"weir results: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    problem = None if args.output is None or args.force else _existing_outputs([args.output])
+    if problem:
+        print(f"weir results: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     client = Client(get_settings())
     try:
-        client.batch_status(args.batch_id)
+        client.batch_status(batch_id)
         if args.output is None:
             try:
-                write(client.results(args.batch_id), sys.stdout)
+                write(client.results(batch_id), sys.stdout)
                 sys.stdout.flush()
             except BrokenPipeError:  # `weir results B | head`: the reader has what it wanted
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 return EXIT_OK
         else:
-            with export.atomic_output(args.output) as out:
-                write(client.results(args.batch_id), out)
+            with export.atomic_output(args.output, overwrite=args.force) as out:
+                write(client.results(batch_id), out)
     except (LookupError, ValueError) as exc:
         print(f"weir results: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -310,15 +350,6 @@ def cmd_results(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return EXIT_OK
-
-
-def _batch_uuid(text: str) -> Any:
-    import uuid
-
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a batch id (a UUID)") from None
 
 
 def _metadata_pairs(pairs: Sequence[str]) -> dict[str, str]:
@@ -400,10 +431,10 @@ def cmd_batch_status(args: argparse.Namespace) -> int:
     client = Client(get_settings())
     try:
         if args.action == "cancel":
-            batch_id = _batch_uuid(args.batch_id)
+            batch_id = _parse_id(args.batch_id)
             _openai_batch(client, batch_id)  # an OpenAI batch, expired if due
             client.cancel(batch_id)
-        batch = _openai_batch(client, _batch_uuid(args.batch_id))
+        batch = _openai_batch(client, _parse_id(args.batch_id))
     except (LookupError, ValueError) as exc:
         print(f"weir batch {args.action}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -413,8 +444,8 @@ def cmd_batch_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _output_file(files: Any, path: str) -> Any:
-    """``export.atomic_output(path)`` entered on ``files`` (an ``ExitStack``).
+def _output_file(files: Any, path: str, overwrite: bool) -> Any:
+    """``export.atomic_output(path, overwrite=overwrite)`` entered on ``files`` (an ``ExitStack``).
 
     Raises:
         ValueError: the file cannot be created (the message names ``path``).
@@ -422,7 +453,7 @@ def _output_file(files: Any, path: str) -> Any:
     from weir.jobs import export
 
     try:
-        return files.enter_context(export.atomic_output(path))
+        return files.enter_context(export.atomic_output(path, overwrite=overwrite))
     except OSError as exc:
         raise ValueError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -431,7 +462,8 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
     """Write a batch's output file and error file in OpenAI's line format, in submission order: a
     succeeded request's line in the output file, a failed, cancelled or expired one's in the error
     file (``--errors``, default :func:`weir.jobs.openai_batch.error_file_path`), as OpenAI's
-    ``output_file_id`` and ``error_file_id`` hold them."""
+    ``output_file_id`` and ``error_file_id`` hold them. An existing file is refused, before either
+    is written, unless ``--force``."""
     import contextlib
     import json
 
@@ -443,14 +475,18 @@ def cmd_batch_results(args: argparse.Namespace) -> int:
         print(f"weir batch results: --errors {errors_path} is the output file; OpenAI keeps them apart",
               file=sys.stderr)
         return EXIT_USAGE
+    problem = None if args.force else _existing_outputs([args.output, errors_path])
+    if problem:
+        print(f"weir batch results: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     client = Client(get_settings())
     num_output = num_errors = num_unfinished = 0
     try:
-        batch_id = _batch_uuid(args.batch_id)
+        batch_id = _parse_id(args.batch_id)
         batch = _openai_batch(client, batch_id)
         with contextlib.ExitStack() as files:
-            output = _output_file(files, args.output)
-            errors = _output_file(files, errors_path)
+            output = _output_file(files, args.output, args.force)
+            errors = _output_file(files, errors_path, args.force)
             for job in client.iter_jobs(batch_id):
                 line = openai_batch.result_line(job, batch)
                 if line is None:
@@ -592,7 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="column of the existing description (overrides [columns] description)")
     enrich.add_argument("--id-col", default=None, help="column of the product id (overrides [columns] id)")
     enrich.add_argument("--encoding", default="utf-8",
-                        help="the catalog's encoding, a Python codec name such as latin-1 or cp1252 (default "
+                        help="the catalog's encoding, a Python text codec name such as latin-1 or cp1252 (default "
                              "utf-8; a byte it cannot decode stops the run, naming the line)")
     enrich.add_argument("--timeout-s", type=float, default=None,
                         help="give up waiting after this many seconds (exit 1; the batch goes on)")
@@ -617,7 +653,9 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--format", choices=["jsonl", "csv"], default="jsonl",
                          help="jsonl: every field (default); csv: the columns of docs/downstream.md")
     results.add_argument("--output", metavar="FILE", default=None,
-                         help="write to FILE (replaced only once complete) instead of stdout")
+                         help="write to FILE (appears only once complete) instead of stdout; an existing "
+                              "FILE is refused unless --force")
+    results.add_argument("--force", action="store_true", help="replace an existing --output FILE")
     results.set_defaults(func=cmd_results)
 
     batch = command("batch", "OpenAI batch files: submit a request file, follow the batch, write its "
@@ -642,11 +680,14 @@ def build_parser() -> argparse.ArgumentParser:
         "results", help="write the batch's output file and error file in OpenAI's line format")
     batch_results.add_argument("batch_id", help="the batch's id (printed by weir batch submit)")
     batch_results.add_argument("--output", metavar="FILE", required=True,
-                               help="output file: one line per succeeded request (replaced only once complete)")
+                               help="output file: one line per succeeded request (appears only once complete)")
     batch_results.add_argument("--errors", metavar="FILE", default=None,
                                help="error file: one line per failed, cancelled or expired request, as OpenAI "
                                     "keeps them out of the output file (default: the output file's name with "
                                     ".errors before its extension, out.jsonl -> out.errors.jsonl)")
+    batch_results.add_argument("--force", action="store_true",
+                               help="replace an existing output or error file (by default either one existing "
+                                    "refuses the command, and neither is written)")
     batch_results.set_defaults(func=cmd_batch_results)
 
     db = command("db", "migrate the results database (WEIR_DATABASE_URL), or repair batch counters")

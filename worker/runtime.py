@@ -253,8 +253,8 @@ class WorkerRuntime:
         if self.committer is not None:
             self.committer.close()
             committer = self.committer
-            logger.warning("database writes: %d operations in %d transactions, %.1f s in the database",
-                           committer.num_ops, committer.num_transactions, committer.busy_s)
+            logger.info("database writes: %d operations in %d transactions, %.1f s in the database",
+                        committer.num_ops, committer.num_transactions, committer.busy_s)
         self.db_engine.dispose()
         self.metrics.close()
 

@@ -141,6 +141,30 @@ def test_a_latin_1_catalog_is_refused_naming_line_and_byte_unless_its_encoding_i
         read_catalog(str(path), encoding="latin-9000")
 
 
+@pytest.mark.parametrize("encoding", ["rot13", "base64", "hex", "zlib", "bz2", "uu"])
+def test_a_codec_that_is_not_a_text_encoding_is_refused_by_name(tmp_path, encoding):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,category\n1,Tea,Drinks\n")
+    with pytest.raises(ValueError) as info:
+        read_catalog(str(path), encoding=encoding)
+    assert type(info.value) is ValueError
+    assert str(info.value) == (f"encoding {encoding!r} is not a text encoding (a Python text codec name: utf-8, "
+                               "latin-1, cp1252, ...)")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32"])
+def test_a_utf_16_or_32_catalog_without_a_byte_order_mark_is_named_with_the_fix(tmp_path, encoding):
+    path = tmp_path / "c.csv"
+    path.write_bytes("index,product,category\n1,Tea,Drinks\n".encode(f"{encoding}-le"))
+    with pytest.raises(CatalogEncodingError) as info:
+        read_catalog(str(path), encoding=encoding)
+    stream = encoding.upper()
+    assert str(info.value) == (f"{path}: not valid {encoding}: {stream} stream does not start with BOM; name its "
+                               f"byte order (weir enrich --encoding {encoding}-le or {encoding}-be)")
+    assert (info.value.path, info.value.line, info.value.offset) == (str(path), None, None)
+    assert [p.name for p in read_catalog(str(path), encoding=f"{encoding}-le").products] == ["Tea"]
+
+
 def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
     path = tmp_path / "c.csv"
     path.write_bytes(b"\xef\xbb\xbfindex,product,category\n1,Caf\xc3\xa9,Drinks\n2,\xff,Drinks\n")
@@ -157,6 +181,24 @@ def test_a_taxonomy_file_that_is_not_utf_8_is_named(tmp_path):
         read_taxonomy_file(str(path), 1)
     assert str(info.value) == (f"{path}: line 2, byte offset 19: 0xe9 is not valid utf-8; convert the file to "
                                "UTF-8 (iconv -f LATIN1 -t UTF-8 in.txt > out.txt)")
+
+
+@pytest.mark.parametrize("text, message", [("", "the file is empty"),
+                                           ("\n1,Tea,Drinks\n", "line 1, the header row, is blank")])
+def test_an_empty_catalog_is_called_empty(tmp_path, text, message):
+    path = tmp_path / "c.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        read_catalog(str(path))
+    assert str(info.value) == f"{path}: {message}"
+
+
+def test_a_catalog_of_only_a_header_is_said_to_have_no_rows(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,brand,description,category\n")
+    with pytest.raises(ValueError) as info:
+        read_catalog(str(path))
+    assert str(info.value) == f"{path}: the file has no rows, only a header"
 
 
 def test_no_label_anywhere_says_to_name_a_taxonomy_file(tmp_path):

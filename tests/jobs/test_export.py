@@ -44,6 +44,22 @@ def test_an_interrupted_output_leaves_the_old_file_and_no_temporary(tmp_path):
     assert path.read_text() == "new"
 
 
+def test_without_overwrite_an_existing_file_is_refused_and_kept(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text("old")
+    with pytest.raises(FileExistsError) as refused:
+        with export.atomic_output(str(path), overwrite=False):
+            pytest.fail("entered")
+    assert refused.value.filename == str(path)
+    late = tmp_path / "late.csv"
+    with pytest.raises(FileExistsError):
+        with export.atomic_output(str(late), overwrite=False) as out:
+            out.write("new")
+            late.write_text("appeared meanwhile")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["late.csv", "results.csv"]
+    assert (path.read_text(), late.read_text()) == ("old", "appeared meanwhile")
+
+
 def test_a_folder_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(IsADirectoryError):
         with export.atomic_output(str(tmp_path)):

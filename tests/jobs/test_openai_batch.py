@@ -129,7 +129,23 @@ def test_a_refused_file_names_at_most_ten_lines_and_counts_the_rest():
         "in.jsonl: ... and 2 more bad lines",
         "in.jsonl: 12 bad lines; nothing was stored",
     ]
-    assert refusal([]) == ["no request (the file is empty)"]
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line(str(i), chat(n=0)) for i in range(11)], model=MODEL, path="in.jsonl")
+    assert str(caught.value).splitlines()[-2:] == [
+        "in.jsonl: ... and 1 more bad line", "in.jsonl: 11 bad lines; nothing was stored"]
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line("a", chat(n=0)), line("b", chat())], model=MODEL, path="in.jsonl")
+    assert str(caught.value).splitlines() == [
+        "in.jsonl: line 1: body.n: must be an integer >= 1, got 0", "in.jsonl: 1 bad line; nothing was stored"]
+
+
+@pytest.mark.parametrize("lines", [[], ["", "  \n", "\n"]])
+def test_a_file_with_no_request_says_only_that(lines):
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file(lines, model=MODEL, path="in.jsonl")
+    assert str(caught.value) == "in.jsonl: the file holds no request (it is empty or blank); nothing was stored"
+    assert (caught.value.errors, caught.value.num_bad_lines) == (
+        ["the file holds no request (it is empty or blank); nothing was stored"], 0)
 
 
 def test_a_too_long_prompt_is_reported_with_the_other_bad_lines(tiny_model_dir):
@@ -167,6 +183,28 @@ def test_a_too_long_prompt_is_reported_with_the_other_bad_lines(tiny_model_dir):
     assert caught.value.num_bad_lines == 12
     assert [e.split(":", 2)[:2] for e in caught.value.errors] == (
         [[f"line {n}", " body.temperature"] for n in range(1, 7)] + [[f"line {n}", " body.messages"] for n in range(7, 11)])
+
+
+def test_a_max_tokens_the_line_does_not_give_is_said_to_be_the_default(tiny_model_dir):
+    from weir.jobs.model_info import PromptChecker
+
+    checker = PromptChecker.for_model(tiny_model_dir)
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line("a", {"prompt": "word " * 500}, url=COMPLETIONS),
+                          line("b", {"prompt": "word " * 500, "max_tokens": 16}, url=COMPLETIONS)],
+                         model=MODEL, path="in.jsonl", checker=checker)
+    assert str(caught.value).splitlines() == [
+        "in.jsonl: line 1: body.max_tokens: prompt (501 tokens) plus max_tokens=16 is 517 tokens, more than "
+        "max_model_len=512; the line gives no max_tokens: 16 is OpenAI's completions default",
+        "in.jsonl: line 2: body.max_tokens: prompt (501 tokens) plus max_tokens=16 is 517 tokens, more than "
+        "max_model_len=512",
+        "in.jsonl: 2 bad lines; nothing was stored"]
+    with pytest.raises(BatchFileError) as caught:
+        parse_batch_file([line("a", chat("word " * 470))], model=MODEL, path="in.jsonl", checker=checker)
+    assert str(caught.value).splitlines() == [
+        "in.jsonl: line 1: body.max_tokens: prompt (501 tokens) plus max_tokens=16 is 517 tokens, more than "
+        "max_model_len=512; the line gives no max_tokens or max_completion_tokens: 16 is weir's default",
+        "in.jsonl: 1 bad line; nothing was stored"]
 
 
 def test_an_error_names_the_field_as_the_line_spells_it():
@@ -267,6 +305,26 @@ def test_a_batch_past_its_window_expires_and_its_unrun_requests_are_cancelled(se
         assert not openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(hours=3))
 
 
+@pytest.mark.parametrize("expire", [False, True])
+def test_a_cancelled_request_that_had_started_is_said_to_be_cancelled_before_it_finished(session_factory, expire):
+    batch_id, (running, waiting) = store_batch(session_factory, [line("a", chat()), line("b", chat())], window="2h")
+    with session_factory.begin() as session:
+        store.claim_job(session, running.id)
+    with session_factory.begin() as session:
+        if expire:
+            created_at = store.get_batch(session, batch_id).created_at
+            assert openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(hours=2))
+        else:
+            store.cancel_batch(session, batch_id)
+    with session_factory() as session:
+        assert [(j.status, j.attempts, j.started_at is not None) for j in store.list_jobs(session, batch_id)] == [
+            (JobStatus.CANCELLED, 1, True), (JobStatus.CANCELLED, 0, False)]
+    code, why = (("batch_expired", "the batch's completion window passed before this request")
+                 if expire else ("batch_cancelled", "the batch was cancelled before this request"))
+    assert [(r["custom_id"], r["error"]) for r in result_lines(session_factory, batch_id)] == [
+        ("a", {"code": code, "message": f"{why} finished"}), ("b", {"code": code, "message": f"{why} ran"})]
+
+
 def test_batch_metadata_follows_openai_rules():
     with pytest.raises(ValueError, match="completion window '1d' is not a duration like 24h, 90m or 3600s"):
         openai_batch.batch_metadata(CHAT_COMPLETIONS, "in.jsonl", "1d")
@@ -274,3 +332,11 @@ def test_batch_metadata_follows_openai_rules():
         openai_batch.check_metadata({str(i): "v" for i in range(17)})
     with pytest.raises(ValueError, match="metadata key 'openai_batch' is weir's own"):
         openai_batch.check_metadata({"openai_batch": "x"})
+
+
+def test_a_completion_window_of_zero_is_refused_as_not_positive():
+    for window in ("0s", "0h", "00m"):
+        with pytest.raises(ValueError) as refused:
+            openai_batch.parse_completion_window(window)
+        assert str(refused.value) == f"completion window {window!r} must be positive (24h, 90m, 3600s)"
+    assert openai_batch.parse_completion_window("90m") == timedelta(minutes=90)

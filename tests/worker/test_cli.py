@@ -121,6 +121,23 @@ def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
         2, "weir results: no batch with id 00000000-0000-0000-0000-000000000000\n")
 
 
+def test_an_id_that_is_not_a_uuid_is_one_line_naming_it(tmp_path):
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    said = {}
+    for command in (["results", "nope"], ["batch", "status", "nope"], ["batch", "results", "nope", "--output",
+                                                                        str(tmp_path / "o.jsonl")],
+                    ["cancel", "nope"], ["cancel", "--job", "nope"]):
+        done = weir(*command, env_overrides=env)
+        said[" ".join(command[:3 if command[0] == "cancel" else 2])] = (done.returncode, done.stdout, done.stderr)
+    assert said == {
+        "results nope": (2, "", "weir results: 'nope' is not a batch id (a UUID)\n"),
+        "batch status": (2, "", "weir batch status: 'nope' is not a batch id (a UUID)\n"),
+        "batch results": (2, "", "weir batch results: 'nope' is not a batch id (a UUID)\n"),
+        "cancel nope": (2, "", "weir cancel: 'nope' is not a batch id (a UUID)\n"),
+        "cancel --job nope": (2, "", "weir cancel: 'nope' is not a job id (a UUID)\n")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_results_as_csv_into_a_file_that_appears_only_once_complete(tmp_path):
     from weir.jobs import store
     from weir.jobs.db import JobStatus, make_engine, make_session_factory
@@ -163,6 +180,30 @@ def test_results_as_csv_into_a_file_that_appears_only_once_complete(tmp_path):
         2, "", f"weir results: cannot write {nowhere}: No such file or directory\n")
 
 
+def test_results_refuses_an_existing_output_file_unless_forced(tmp_path):
+    from weir.jobs import store
+    from weir.jobs.db import make_engine, make_session_factory
+    from weir.jobs.schemas import GenerateRequest
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    with make_session_factory(engine).begin() as session:
+        batch, _ = store.create_batch(session, [GenerateRequest(prompt="p", custom_id="one")], model="tiny")
+    engine.dispose()
+    env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    out = tmp_path / "results.csv"
+    out.write_text("keep me")
+    refused = weir("results", str(batch.id), "--format", "csv", "--output", str(out), env_overrides=env)
+    assert (refused.returncode, refused.stdout, refused.stderr) == (
+        2, "", f"weir results: {out} already exists; --force replaces it\n")
+    assert out.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "weir.db"]
+    forced = weir("results", str(batch.id), "--format", "csv", "--output", str(out), "--force", env_overrides=env)
+    assert (forced.returncode, forced.stderr) == (0, "")
+    assert out.read_text().splitlines()[1].split(",")[1:4] == ["one", "generate", "queued"]
+
+
 def test_enrich_missing_column(tmp_path):
     path = tmp_path / "c.csv"
     path.write_text("index,product\n1,Tea\n")
@@ -184,6 +225,27 @@ def test_enrich_refuses_a_catalog_that_is_not_utf_8_unless_its_encoding_is_given
     done = weir("enrich", str(path), "--encoding", "latin-1", env_overrides=env)
     assert (done.returncode, done.stderr.splitlines()) == (2, [  # read: its one row has no id
         "weir enrich: skipped 1 rows: 1 with no id ('index' empty)", f"weir enrich: {path} has no products"])
+
+
+def test_enrich_refuses_a_codec_that_is_not_a_text_encoding_in_one_line(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,brand,description,category\n1,Tea,B,D,Drinks\n")
+    done = weir("enrich", str(path), "--encoding", "rot13", env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        "weir enrich: encoding 'rot13' is not a text encoding (a Python text codec name: utf-8, latin-1, "
+        "cp1252, ...)\n"))
+
+
+def test_enrich_says_a_catalog_is_empty_or_has_only_a_header(tmp_path):
+    path = tmp_path / "c.csv"
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    path.write_text("")
+    empty = weir("enrich", str(path), env_overrides=env)
+    assert (empty.returncode, empty.stderr) == (2, f"weir enrich: {path}: the file is empty\n")
+    path.write_text("index,product,brand,description,category\n")
+    header_only = weir("enrich", str(path), env_overrides=env)
+    assert (header_only.returncode, header_only.stderr) == (
+        2, f"weir enrich: {path}: the file has no rows, only a header\n")
 
 
 def test_enrich_names_the_optional_columns_a_catalog_lacks(tmp_path):
@@ -437,10 +499,19 @@ def test_batch_submit_refuses_a_bad_file_naming_each_line_and_stores_nothing(tmp
         f"weir batch submit: {requests}: line 3: body.logit_bias: not supported for /v1/chat/completions",
         f"weir batch submit: {requests}: 2 bad lines; nothing was stored"]
     assert sqlite3.connect(db).execute("SELECT count(*) FROM batches").fetchone() == (0,)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n")
+    nothing = weir("batch", "submit", str(blank), env_overrides={"WEIR_SQLITE_PATH": str(db)})
+    assert (nothing.returncode, nothing.stdout, nothing.stderr) == (
+        2, "", f"weir batch submit: {blank}: the file holds no request (it is empty or blank); nothing was stored\n")
     bad_option = weir("batch", "submit", str(requests), "--completion-window", "1d",
                       env_overrides={"WEIR_SQLITE_PATH": str(db)})
     assert (bad_option.returncode, bad_option.stderr) == (
         2, "weir batch submit: completion window '1d' is not a duration like 24h, 90m or 3600s\n")
+    zero = weir("batch", "submit", str(requests), "--completion-window", "0s",
+                env_overrides={"WEIR_SQLITE_PATH": str(db)})
+    assert (zero.returncode, zero.stderr) == (
+        2, "weir batch submit: completion window '0s' must be positive (24h, 90m, 3600s)\n")
 
 
 def test_batch_submit_reports_a_too_long_prompt_with_the_other_bad_lines(tiny_model_dir, tmp_path):
@@ -458,6 +529,54 @@ def test_batch_submit_reports_a_too_long_prompt_with_the_other_bad_lines(tiny_mo
         "room for output",
         f"weir batch submit: {requests}: 3 bad lines; nothing was stored"]
     assert sqlite3.connect(db).execute("SELECT count(*) FROM batches").fetchone() == (0,)
+
+
+def test_batch_results_refuses_existing_output_or_error_files_unless_forced(tmp_path):
+    from weir.jobs import openai_batch, store
+    from weir.jobs.db import make_engine, make_session_factory
+    from weir.jobs.schemas import GenerateRequest
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    migrations.upgrade(url)
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(_chat_line("a"))
+    engine = make_engine(url)
+    with make_session_factory(engine).begin() as session:
+        meta = openai_batch.batch_metadata(openai_batch.CHAT_COMPLETIONS, str(requests), "24h")
+        batch, [job] = store.create_batch(session, [GenerateRequest(prompt="p", custom_id="a")], model="tiny",
+                                          metadata=meta)
+        store.cancel_batch(session, batch.id)
+    engine.dispose()
+    env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    batch_id = str(batch.id)
+    errors = tmp_path / "in.errors.jsonl"
+
+    own = weir("batch", "results", batch_id, "--output", str(requests), env_overrides=env)
+    assert (own.returncode, own.stdout, own.stderr) == (
+        2, "", f"weir batch results: {requests} already exists; --force replaces it\n")
+    assert requests.read_text() == _chat_line("a")
+    errors.write_text("old errors")
+    both = weir("batch", "results", batch_id, "--output", str(requests), env_overrides=env)
+    assert (both.returncode, both.stderr) == (
+        2, f"weir batch results: {requests} and {errors} already exist; --force replaces them\n")
+    output = tmp_path / "out.jsonl"
+    only_errors = weir("batch", "results", batch_id, "--output", str(output), "--errors", str(errors),
+                       env_overrides=env)
+    assert (only_errors.returncode, only_errors.stderr) == (
+        2, f"weir batch results: {errors} already exists; --force replaces it\n")
+    default_errors = tmp_path / "out.errors.jsonl"
+    default_errors.write_text("old default errors")
+    by_default = weir("batch", "results", batch_id, "--output", str(output), env_overrides=env)
+    assert (by_default.returncode, by_default.stderr) == (
+        2, f"weir batch results: {default_errors} already exists; --force replaces it\n")
+    assert (errors.read_text(), default_errors.read_text()) == ("old errors", "old default errors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.errors.jsonl", "in.jsonl", "out.errors.jsonl", "weir.db"]
+
+    forced = weir("batch", "results", batch_id, "--output", str(output), "--force", env_overrides=env)
+    assert (forced.returncode, forced.stderr) == (0, f"0 responses in {output}, 1 errors in {default_errors}\n")
+    assert output.read_text() == ""
+    assert [json.loads(line)["custom_id"] for line in default_errors.read_text().splitlines()] == ["a"]
 
 
 def test_batch_expires_from_the_command_line_and_its_error_lines_stay_out_of_the_output_file(

@@ -86,3 +86,15 @@ def test_past_the_shutdown_grace_period_running_jobs_are_handed_back(runtime):
     assert [type(e) for e in errors] == [EngineStopping]
     with pytest.raises(EngineStopping):
         runtime.run(long_job(max_tokens=2))
+
+
+def test_a_normal_shutdown_logs_the_database_writes_at_info(tmp_path, caplog):
+    import logging
+
+    settings = Settings(database=DatabaseSettings(sqlite_path=str(tmp_path / "weir.db")))
+    runtime = WorkerRuntime(settings)  # no model: only the writer is started
+    runtime.writer("weir-1@host")
+    with caplog.at_level(logging.DEBUG, logger="weir.worker.runtime"):
+        runtime.shutdown()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "weir.worker.runtime"] == [
+        ("INFO", "database writes: 0 operations in 0 transactions, 0.0 s in the database")]
