@@ -183,22 +183,17 @@ def test_a_taxonomy_file_that_is_not_utf_8_is_named(tmp_path):
                                "UTF-8 (iconv -f LATIN1 -t UTF-8 in.txt > out.txt)")
 
 
-@pytest.mark.parametrize("text, message", [("", "the file is empty"),
-                                           ("\n1,Tea,Drinks\n", "line 1, the header row, is blank")])
-def test_an_empty_catalog_is_called_empty(tmp_path, text, message):
+@pytest.mark.parametrize("text, message", [
+    ("", "the file is empty"),
+    ("\n1,Tea,Drinks\n", "line 1, the header row, is blank"),
+    ("index,product,brand,description,category\n", "the file has no rows, only a header"),
+])
+def test_an_empty_or_header_only_catalog_is_said_to_be_so(tmp_path, text, message):
     path = tmp_path / "c.csv"
     path.write_text(text)
     with pytest.raises(ValueError) as info:
         read_catalog(str(path))
     assert str(info.value) == f"{path}: {message}"
-
-
-def test_a_catalog_of_only_a_header_is_said_to_have_no_rows(tmp_path):
-    path = tmp_path / "c.csv"
-    path.write_text("index,product,brand,description,category\n")
-    with pytest.raises(ValueError) as info:
-        read_catalog(str(path))
-    assert str(info.value) == f"{path}: the file has no rows, only a header"
 
 
 def test_no_label_anywhere_says_to_name_a_taxonomy_file(tmp_path):
