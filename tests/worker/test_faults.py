@@ -120,8 +120,10 @@ def test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them(
     batch_id = generate_batch(client, num_jobs, max_tokens=240)  # ~1.5 s each on the slow model
     done = wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 2 and
                       client.batch_status(batch_id).num_succeeded, what="2 jobs done")
-    # Right after a job finishes its thread starts the next one, which needs ~7x the grace period.
-    wait_until(lambda: client.batch_status(batch_id).num_succeeded > done, interval_s=0.01, what="next job")
+    # Right after a job finishes its thread starts the next one, which needs ~7x the grace period;
+    # wait for its claim too (signalled between jobs, both threads' messages go back unclaimed).
+    wait_until(lambda: client.batch_status(batch_id).num_succeeded > done and
+               num_just_claimed(client, batch_id, within_s=0.5), interval_s=0.01, what="next job claimed")
     started = time.monotonic()
     assert worker.terminate(timeout_s=60) == 0
     shutdown_s = time.monotonic() - started
