@@ -1,4 +1,10 @@
-"""A thread-safe front for the engine: many producer threads, one step-loop thread."""
+"""Thread-safe fronts for the engine: many producer threads, one step loop.
+
+:class:`FrontBase` is what producers call (tokenize in the caller, submit, get a
+``concurrent.futures.Future``); :class:`EngineFront` runs the step loop on a thread of this process
+(:class:`weir.engine.core.EngineCore`), ``weir.engine.core_client.EngineCoreClient`` in a process of
+its own.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ import logging
 import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
-from typing import Callable
 
+from weir.engine.core import AbortCall, ClassifyCall, CoreCall, CoreResult, EngineCore, GenerateCall
+from weir.engine.input_processor import InputProcessor
 from weir.engine.llm import LLM, PromptType
 from weir.engine.llm_engine import EngineStepError
 from weir.engine.outputs import calibrate
@@ -17,7 +24,7 @@ from weir.model_source import prompt_text
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineFront", "EngineStepError"]
+__all__ = ["EngineFront", "EngineStepError", "FrontBase"]
 
 
 def _resolve(fut: Future, result=None, error: BaseException | None = None) -> None:
@@ -31,58 +38,68 @@ def _resolve(fut: Future, result=None, error: BaseException | None = None) -> No
         pass
 
 
-class EngineFront:
-    """Runs ``llm``'s engine step loop in one background thread and hands out futures.
+class FrontBase:
+    """The producer side of a step loop: ``submit_generate``/``submit_classify`` from any thread.
 
-    Any thread may call ``submit_generate``/``submit_classify``; the work is queued, picked up
-    between steps, and the returned ``concurrent.futures.Future`` resolves to the
-    ``RequestOutput``/``ClassificationOutput`` (or raises the request's error, e.g. ValueError for
-    a prompt that is too long). Prompts are tokenized in the calling thread, so bad input fails
-    there at once.
-
-    The engine itself is touched only by the loop thread. A step whose execute raises fails the
-    requests of that step with :class:`EngineStepError` (retryable) and the others carry on; any
-    other error in the loop fails every request in flight with it. :attr:`consecutive_step_failures`
-    counts failed steps since the last good one (a sticky device error keeps it growing). A future
-    the caller cancels aborts its request.
+    Prompts are tokenized and checked in the calling thread (:class:`InputProcessor`), so bad input
+    fails there at once; the work goes to the step loop as a :class:`weir.engine.core.CoreCall`
+    (subclasses say how: :meth:`_send`), and the returned future resolves to the
+    ``RequestOutput``/``ClassificationOutput`` or raises the request's error (a refused request,
+    :class:`EngineStepError` for a failed step). A future the caller cancels aborts its request.
     """
 
-    def __init__(self, llm: LLM, name: str = "weir-engine"):
-        self.llm = llm
-        self._engine = llm.llm_engine
-        self._cv = threading.Condition()
-        self._inbox: deque[tuple[Callable[[], str], Future]] = deque()
-        self._aborts: deque[str] = deque()
+    def __init__(self, processor: InputProcessor):
+        self.processor = processor
+        self._lock = threading.Lock()
         self._futures: dict[str, Future] = {}
         self._priors: dict[tuple, Future] = {}
         self._stopping = False
-        self._drain = True
         self._ids = itertools.count()
         self._tok_lock = threading.Lock()
-        self._stats: dict = self._engine.stats()
         self.consecutive_step_failures = 0
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.processor.max_model_len
 
     # ---- producer side ----------------------------------------------------------------------
 
-    def _submit(self, add: Callable[[str], str], prefix: str) -> Future:
+    def _send(self, calls: list[CoreCall]) -> None:
+        raise NotImplementedError
+
+    def _submit(self, make_call, prefix: str) -> Future:
         fut: Future = Future()
         rid = f"{prefix}-{next(self._ids)}"
-        with self._cv:
+        with self._lock:
             if self._stopping:
                 raise RuntimeError("engine is shutting down")
-            self._inbox.append((lambda: add(rid), fut))
-            self._cv.notify()
+            self._futures[rid] = fut
         fut.request_id = rid  # lets a caller abort it
+        self._send([make_call(rid)])
         fut.add_done_callback(self._abort_if_cancelled)
         return fut
 
     def _abort_if_cancelled(self, fut: Future) -> None:
         if fut.cancelled():
-            with self._cv:
-                self._aborts.append(fut.request_id)
-                self._cv.notify()
+            self._send([AbortCall(fut.request_id)])
+
+    def _deliver(self, results: list[CoreResult]) -> None:
+        """Resolve the futures of the step loop's results (an aborted request's is cancelled)."""
+        for rid, output, error in results:
+            with self._lock:
+                fut = self._futures.pop(rid, None)
+            if fut is None:
+                continue
+            if output is None and error is None:
+                fut.cancel()
+            else:
+                _resolve(fut, output, error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            futures, self._futures = self._futures, {}
+        for fut in futures.values():
+            _resolve(fut, error=error)
 
     def encode_prompt(self, prompt: PromptType) -> list[int]:
         """The prompt's token ids, as :meth:`submit_generate` makes them (safe from any thread).
@@ -91,25 +108,23 @@ class EngineFront:
             ValueError: the prompt is malformed or empty.
         """
         with self._tok_lock:
-            return self.llm.encode_prompt(prompt)
+            return self.processor.encode_prompt(prompt)
 
     def submit_generate(self, prompt: PromptType, params: SamplingParams, priority: int = 0) -> Future:
         """Queue one generation; the future gives a ``RequestOutput``. ``priority``: as
         ``LLMEngine.add_request``'s.
 
         Raises:
-            ValueError: the prompt is empty or too long, ``structured_outputs`` cannot be
-                compiled, or the priority is refused (raised here, nothing is queued).
+            ValueError: the prompt is empty or too long, or the priority is refused (raised here,
+                nothing is queued). A request the engine refuses later (``structured_outputs``
+                that cannot be compiled, too many logprobs) fails its future with ValueError.
             RuntimeError: the front is shutting down.
         """
-        self._engine.check_priority(priority)
+        self.processor.check_priority(priority)
         with self._tok_lock:  # tokenizers are not guaranteed thread-safe
-            ids = self.llm.encode_prompt(prompt)
-        if params.structured_outputs is not None:
-            # compiled here, in the caller's thread, so that the step loop finds it cached
-            self._engine.structured_outputs.compile(params.structured_outputs)
+            ids = self.processor.encode_prompt(prompt)
         text = prompt_text(prompt)
-        return self._submit(lambda rid: self._engine.add_request(ids, params, rid, text, priority=priority), "gen")
+        return self._submit(lambda rid: GenerateCall(rid, ids, params, text, priority), "gen")
 
     def submit_classify(self, prompt: PromptType, labels: list[str], label_texts: list[str] | None = None,
                         calibration_prompt: PromptType | None = None, priority: int = 0) -> Future:
@@ -121,22 +136,20 @@ class EngineFront:
         Raises:
             ValueError: empty labels, empty or too long prompt, a refused priority (raised here).
         """
-        self._engine.check_priority(priority)
+        self.processor.check_priority(priority)
         with self._tok_lock:
-            ids = self.llm.encode_prompt(prompt)
-            label_ids = self.llm.encode_labels(labels, label_texts)
-            cal_ids = None if calibration_prompt is None else self.llm.encode_prompt(calibration_prompt)
-        fut = self._submit(lambda rid: self._engine.add_classification(ids, labels, label_ids, rid, priority=priority),
-                           "cls")
+            ids = self.processor.encode_prompt(prompt)
+            label_ids = self.processor.encode_labels(labels, label_texts)
+            cal_ids = None if calibration_prompt is None else self.processor.encode_prompt(calibration_prompt)
+        fut = self._submit(lambda rid: ClassifyCall(rid, ids, labels, label_ids, priority), "cls")
         if cal_ids is None:
             return fut
         key = (tuple(cal_ids), tuple(labels), tuple(map(tuple, label_ids)))
-        with self._cv:
+        with self._lock:
             prior = self._priors.get(key)
         if prior is None or (prior.done() and prior.exception() is not None):
-            prior = self._submit(lambda rid: self._engine.add_classification(cal_ids, labels, label_ids, rid,
-                                                                             priority=priority), "cal")
-            with self._cv:
+            prior = self._submit(lambda rid: ClassifyCall(rid, cal_ids, labels, label_ids, priority), "cal")
+            with self._lock:
                 self._priors[key] = prior
         out: Future = Future()
         out.request_id = fut.request_id
@@ -160,8 +173,33 @@ class EngineFront:
 
     def abort(self, future: Future) -> None:
         """Abort a submitted request: its blocks are freed and its future is cancelled."""
+        self._send([AbortCall(future.request_id)])
+
+
+class EngineFront(FrontBase):
+    """Runs ``llm``'s engine step loop in one background thread of this process.
+
+    The engine itself is touched only by the loop thread (:class:`weir.engine.core.EngineCore`:
+    a failed step fails its requests with :class:`EngineStepError`, the others carry on).
+    :attr:`consecutive_step_failures` counts failed steps since the last good one (a sticky device
+    error keeps it growing).
+    """
+
+    def __init__(self, llm: LLM, name: str = "weir-engine"):
+        super().__init__(llm.processor)
+        self.llm = llm
+        self._engine = llm.llm_engine
+        self._core = EngineCore(self._engine)
+        self._cv = threading.Condition()
+        self._inbox: deque[CoreCall] = deque()
+        self._drain = True
+        self._stats: dict = self._engine.stats()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _send(self, calls: list[CoreCall]) -> None:
         with self._cv:
-            self._aborts.append(future.request_id)
+            self._inbox.extend(calls)
             self._cv.notify()
 
     def stats(self) -> dict:
@@ -171,8 +209,9 @@ class EngineFront:
     def shutdown(self, drain: bool = True, timeout_s: float | None = None) -> None:
         """Stop the loop. ``drain=True`` finishes everything submitted first; otherwise pending
         futures fail with RuntimeError."""
-        with self._cv:
+        with self._lock:
             self._stopping = True
+        with self._cv:
             self._drain = drain
             self._cv.notify()
         self._thread.join(timeout_s)
@@ -180,58 +219,22 @@ class EngineFront:
     # ---- loop side --------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        eng = self._engine
+        core = self._core
         while True:
             with self._cv:
-                while not (self._inbox or self._aborts or self._stopping or eng.has_unfinished()):
+                while not (self._inbox or self._stopping or core.has_unfinished()):
                     self._cv.wait()
                 inbox, self._inbox = self._inbox, deque()
-                aborts, self._aborts = self._aborts, deque()
                 stopping, drain = self._stopping, self._drain
-            for add, fut in inbox:
-                if fut.cancelled():
-                    continue
-                try:
-                    self._futures[add()] = fut
-                except Exception as e:  # bad request: fail it, keep serving the rest
-                    _resolve(fut, error=e)
-            for rid in aborts:
-                eng.abort(rid)
-                fut = self._futures.pop(rid, None)
-                if fut is not None:
-                    fut.cancel()
-            if stopping and (not drain or not eng.has_unfinished()):
-                for rid, fut in self._futures.items():
-                    eng.abort(rid)
-                    _resolve(fut, error=RuntimeError("engine shut down before the request finished"))
-                self._futures.clear()
+            results = []
+            for call in inbox:
+                results += core.handle(call)
+            self._deliver(results)
+            if stopping and (not drain or not core.has_unfinished()):
+                self._deliver(core.abort_all(RuntimeError("engine shut down before the request finished")))
+                self._fail_all(RuntimeError("engine shut down before the request finished"))
                 return
-            try:
-                outputs = eng.step()
-            except EngineStepError as e:
-                self._step_failed(e, e.request_ids)
-                continue
-            except Exception as e:  # a bug outside execute: the engine may be in any state
-                error = EngineStepError(f"engine step failed: {type(e).__name__}: {e}", list(self._futures))
-                error.__cause__ = e
-                self._step_failed(error, list(self._futures))
-                continue
-            self.consecutive_step_failures = 0
-            self._stats = eng.stats()
-            for out in outputs:
-                fut = self._futures.pop(out.request_id, None)
-                if fut is not None:
-                    _resolve(fut, out)
-
-    def _step_failed(self, error: EngineStepError, request_ids: list[str]) -> None:
-        self.consecutive_step_failures += 1
-        logger.error("engine step failed (%d in a row); failing its %d requests",
-                     self.consecutive_step_failures, len(request_ids), exc_info=error.__cause__)
-        for rid in request_ids:
-            try:
-                self._engine.abort(rid)  # a no-op for the requests the engine already ended
-            except Exception:  # the engine may be in any state after a failed step
-                logger.exception("cannot abort %s after a failed step", rid)
-            fut = self._futures.pop(rid, None)
-            if fut is not None:
-                _resolve(fut, error=error)
+            results = core.step()
+            self.consecutive_step_failures = core.consecutive_step_failures
+            self._stats = self._engine.stats()
+            self._deliver(results)

@@ -9,7 +9,7 @@ from weir.engine.engine_args import EngineArgs
 from weir.engine.llm_engine import LLMEngine
 from weir.engine.outputs import ClassificationOutput, RequestOutput, calibrate
 from weir.engine.sampling_params import SamplingParams
-from weir.model_source import PromptType, encode_prompt, is_single_prompt, prompt_text
+from weir.model_source import PromptType, is_single_prompt, prompt_text
 
 
 class LLM:
@@ -44,6 +44,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    @property
+    def processor(self):
+        """The engine's :class:`weir.engine.input_processor.InputProcessor`."""
+        return self.llm_engine.processor
+
     def encode_prompt(self, prompt: PromptType) -> list[int]:
         """Token ids of a prompt: a string (tokenized with the model's special tokens), a list of
         token ids, chat messages (``[{"role": ..., "content": ...}]``, rendered with the
@@ -54,23 +59,11 @@ class LLM:
         Raises:
             ValueError: the prompt is malformed, empty or longer than ``max_model_len`` allows.
         """
-        ids = encode_prompt(self.llm_engine.tokenizer, prompt)
-        self.llm_engine.check_prompt(ids)
-        return ids
+        return self.processor.encode_prompt(prompt)
 
     def encode_label(self, label: str, append_eos: bool = True) -> list[int]:
-        """Token ids of a label as an answer: its tokens, then the tokenizer's EOS (so that a
-        label that is a prefix of another is scored as a complete answer)."""
-        tok = self._require_tokenizer()
-        ids = tok(label, add_special_tokens=False).input_ids
-        if append_eos and tok.eos_token_id is not None:
-            ids = ids + [tok.eos_token_id]
-        return ids
-
-    def _require_tokenizer(self):
-        if self.llm_engine.tokenizer is None:
-            raise ValueError("this engine has no tokenizer (dummy config): pass token ids")
-        return self.llm_engine.tokenizer
+        """Token ids of a label as an answer (:meth:`InputProcessor.encode_label`)."""
+        return self.processor.encode_label(label, append_eos)
 
     def _run(self, ids: list[str], use_tqdm: bool = False) -> list:
         """Step until every request in ``ids`` finished; their outputs in that order.
@@ -168,26 +161,13 @@ class LLM:
         return self.generate(list(messages), sampling_params, use_tqdm)
 
     def encode_labels(self, labels: list[str], label_texts: Optional[list[str]] = None) -> list[list[int]]:
-        """Token ids scored for each label: ``label_texts[i]`` exactly as given when set (no EOS
-        added), else the label followed by EOS (:meth:`encode_label`).
+        """Token ids scored for each label (:meth:`InputProcessor.encode_labels`).
 
         Raises:
-            TypeError: ``labels`` or ``label_texts`` is not a list of strings (a string ``"AB"``
-                would otherwise be read as the labels ``"A"``, ``"B"``).
+            TypeError: ``labels`` or ``label_texts`` is not a list of strings.
             ValueError: empty label list, or ``label_texts`` of another length.
         """
-        for name, texts in (("labels", labels), ("label_texts", label_texts)):
-            if texts is not None and (not isinstance(texts, (list, tuple))
-                                      or not all(isinstance(t, str) for t in texts)):
-                raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__} {texts!r}")
-        if not labels:
-            raise ValueError("labels is empty")
-        if label_texts is None:
-            return [self.encode_label(lab) for lab in labels]
-        if len(label_texts) != len(labels):
-            raise ValueError(f"label_texts has {len(label_texts)} entries for {len(labels)} labels")
-        tok = self._require_tokenizer()
-        return [tok(t, add_special_tokens=False).input_ids for t in label_texts]
+        return self.processor.encode_labels(labels, label_texts)
 
     def classify(self, prompts: Union[PromptType, Sequence[PromptType]], labels: list[str],
                  label_texts: Optional[list[str]] = None,

@@ -22,6 +22,7 @@ from weir.engine.block_pool import BlockPool
 from weir.engine.classification import Classification
 from weir.engine.cuda_graphs import CUDAGraphMode
 from weir.engine.engine_args import EngineArgs
+from weir.engine.input_processor import InputProcessor
 from weir.engine.kv_cache_manager import KVCacheManager
 from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_state_dict, load_tokenizer, resolve_model
 from weir.engine.model_runner import ModelRunner
@@ -127,6 +128,8 @@ class LLMEngine:
                                  extra_key=self.model_name)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
                                    args.scheduling_policy, args.strict_priority)
+        self.processor = InputProcessor(self.tokenizer, self.max_model_len, self.config.vocab_size,
+                                        self.scheduler.policy)
         self.structured_outputs = StructuredOutputManager(self.tokenizer, self.config.vocab_size, self.eos_token_ids)
         self.runner.structured_outputs = self.structured_outputs
         self.default_generator = torch.Generator(device=self.device).manual_seed(args.seed)
@@ -175,17 +178,9 @@ class LLMEngine:
     # ---- requests ---------------------------------------------------------------------------
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
-        """Raises ValueError for an empty prompt or one that cannot fit ``max_model_len``."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("prompt is empty")
-        if n >= self.max_model_len:
-            raise ValueError(f"prompt has {n} tokens, more than max_model_len={self.max_model_len} allows "
-                             f"(at least one token must be generated)")
-        vocab = self.config.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        """Raises ValueError for an empty prompt or one that cannot fit ``max_model_len``
+        (:meth:`weir.engine.input_processor.InputProcessor.check_prompt`)."""
+        self.processor.check_prompt(prompt_token_ids)
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams,
                       request_id: Optional[str] = None, timeout_s: Optional[float] = None) -> None:
@@ -246,12 +241,8 @@ class LLMEngine:
 
     def check_priority(self, priority: int) -> None:
         """Raise ValueError for a priority that is not an integer, or not 0 under ``"fcfs"``
-        (vLLM refuses it the same way)."""
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
-        if priority != 0 and self.scheduler.policy != "priority":
-            raise ValueError(f"priority={priority} needs scheduling_policy='priority' (the engine's is "
-                             f"{self.scheduler.policy!r})")
+        (:meth:`weir.engine.input_processor.InputProcessor.check_priority`)."""
+        self.processor.check_priority(priority)
 
     def _fresh_id(self, prefix: str) -> str:
         rid = f"{prefix}-{next(self._ids)}"

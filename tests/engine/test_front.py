@@ -68,7 +68,7 @@ def test_calibrated_classify_matches_offline_and_reuses_the_prior(llm):
     eng = llm.llm_engine
     labels = ["x", "y", "z"]
     label_ids = [[10, 11], [12], [13, 14, 15]]
-    llm.encode_labels = lambda labs, texts=None: label_ids  # no tokenizer in this tiny model
+    llm.processor.encode_labels = lambda labs, texts=None: label_ids  # no tokenizer in this tiny model
     try:
         def run(prompt):
             rid = eng.add_classification(prompt, labels, label_ids)
@@ -83,7 +83,7 @@ def test_calibrated_classify_matches_offline_and_reuses_the_prior(llm):
         assert len(front._priors) == 1
         front.shutdown()
     finally:
-        del llm.encode_labels
+        del llm.processor.encode_labels
     for g in got:
         assert g.label == want.label
         assert g.logprobs == pytest.approx(want.logprobs, abs=1e-5)
