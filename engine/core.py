@@ -55,7 +55,14 @@ class AbortCall:
     request_id: str
 
 
-CoreCall = Union[GenerateCall, ClassifyCall, AbortCall]
+@dataclass
+class ResetPrefixCacheCall:
+    """Forget every cached prefix block; the result is ``BlockPool.reset_prefix_cache``'s bool."""
+
+    request_id: str
+
+
+CoreCall = Union[GenerateCall, ClassifyCall, AbortCall, ResetPrefixCacheCall]
 # (request id, output or None, error or None); an aborted request has neither
 CoreResult = tuple[str, Any, Optional[BaseException]]
 
@@ -83,6 +90,8 @@ class EngineCore:
                 self.live.discard(call.request_id)
                 return [(call.request_id, None, None)]
             return []
+        if isinstance(call, ResetPrefixCacheCall):
+            return [(call.request_id, eng.block_pool.reset_prefix_cache(), None)]
         try:
             if isinstance(call, GenerateCall):
                 eng.add_request(call.prompt_token_ids, call.params, call.request_id, call.prompt,

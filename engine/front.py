@@ -14,7 +14,8 @@ import threading
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 
-from weir.engine.core import AbortCall, ClassifyCall, CoreCall, CoreResult, EngineCore, GenerateCall
+from weir.engine.core import (AbortCall, ClassifyCall, CoreCall, CoreResult, EngineCore, GenerateCall,
+                              ResetPrefixCacheCall)
 from weir.engine.input_processor import InputProcessor
 from weir.engine.llm import LLM, PromptType
 from weir.engine.llm_engine import EngineStepError
@@ -115,14 +116,15 @@ class FrontBase:
         ``LLMEngine.add_request``'s.
 
         Raises:
-            ValueError: the prompt is empty or too long, or the priority is refused (raised here,
-                nothing is queued). A request the engine refuses later (``structured_outputs``
-                that cannot be compiled, too many logprobs) fails its future with ValueError.
+            ValueError: the prompt is empty or too long, ``structured_outputs`` cannot be compiled,
+                or the priority is refused (raised here, nothing is queued). A request the engine
+                refuses later (too many logprobs) fails its future with ValueError.
             RuntimeError: the front is shutting down.
         """
         self.processor.check_priority(priority)
         with self._tok_lock:  # tokenizers are not guaranteed thread-safe
             ids = self.processor.encode_prompt(prompt)
+        self.processor.check_structured_outputs(params)
         text = prompt_text(prompt)
         return self._submit(lambda rid: GenerateCall(rid, ids, params, text, priority), "gen")
 
@@ -175,6 +177,11 @@ class FrontBase:
         """Abort a submitted request: its blocks are freed and its future is cancelled."""
         self._send([AbortCall(future.request_id)])
 
+    def reset_prefix_cache(self, timeout_s: float = 60.0) -> bool:
+        """Drop every cached prefix block, between steps (vLLM's ``reset_prefix_cache``); False,
+        changing nothing, while requests hold blocks."""
+        return self._submit(ResetPrefixCacheCall, "reset").result(timeout=timeout_s)
+
 
 class EngineFront(FrontBase):
     """Runs ``llm``'s engine step loop in one background thread of this process.
@@ -188,7 +195,10 @@ class EngineFront(FrontBase):
     def __init__(self, llm: LLM, name: str = "weir-engine"):
         super().__init__(llm.processor)
         self.llm = llm
+        self.model_name: str = llm.model_name
         self._engine = llm.llm_engine
+        # each one's record(SchedulerStats, IterationStats) is called after every step, in the loop
+        self.stat_loggers = self._engine.stat_loggers
         self._core = EngineCore(self._engine)
         self._cv = threading.Condition()
         self._inbox: deque[CoreCall] = deque()

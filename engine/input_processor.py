@@ -19,16 +19,21 @@ class InputProcessor:
         max_model_len: the engine's context length in tokens.
         vocab_size: the model's vocabulary size (valid token ids are ``[0, vocab_size)``).
         scheduling_policy: the engine's ``"fcfs"`` or ``"priority"``.
+        structured_outputs: the engine's ``StructuredOutputManager`` when it lives in this process
+            (constraints are then compiled here, into the engine's cache); None: they are only
+            checked here and compiled by the engine core.
 
     Thread safety: tokenizers are not guaranteed thread-safe; callers that share one processor
     across threads serialize the ``encode_*`` calls (``EngineFront`` does).
     """
 
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, scheduling_policy: str):
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, scheduling_policy: str,
+                 structured_outputs=None):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.scheduling_policy = scheduling_policy
+        self.structured_outputs = structured_outputs
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
         """Raises ValueError for an empty prompt, one that cannot fit ``max_model_len`` or one with
@@ -52,6 +57,24 @@ class InputProcessor:
         if priority != 0 and self.scheduling_policy != "priority":
             raise ValueError(f"priority={priority} needs scheduling_policy='priority' (the engine's is "
                              f"{self.scheduling_policy!r})")
+
+    def check_structured_outputs(self, params) -> None:
+        """Refuse ``params.structured_outputs`` that cannot be compiled, in the caller's thread.
+        With the engine in this process the grammar is compiled into its cache, so the step loop
+        finds it there.
+
+        Raises:
+            ValueError: the constraint is invalid or unsupported (the message names the field).
+        """
+        spec = params.structured_outputs
+        if spec is None:
+            return
+        if self.structured_outputs is not None:
+            self.structured_outputs.compile(spec)
+        else:
+            from weir.engine.structured_outputs import check
+
+            check(spec)
 
     def encode_prompt(self, prompt: PromptType) -> list[int]:
         """Token ids of a prompt (:func:`weir.model_source.encode_prompt`), checked by :meth:`check_prompt`.

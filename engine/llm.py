@@ -45,6 +45,11 @@ class LLM:
         return self.llm_engine.tokenizer
 
     @property
+    def stat_loggers(self) -> list:
+        """The engine's stat loggers (``LLMEngine.stat_loggers``)."""
+        return self.llm_engine.stat_loggers
+
+    @property
     def processor(self):
         """The engine's :class:`weir.engine.input_processor.InputProcessor`."""
         return self.llm_engine.processor

@@ -128,9 +128,9 @@ class LLMEngine:
                                  extra_key=self.model_name)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
                                    args.scheduling_policy, args.strict_priority)
-        self.processor = InputProcessor(self.tokenizer, self.max_model_len, self.config.vocab_size,
-                                        self.scheduler.policy)
         self.structured_outputs = StructuredOutputManager(self.tokenizer, self.config.vocab_size, self.eos_token_ids)
+        self.processor = InputProcessor(self.tokenizer, self.max_model_len, self.config.vocab_size,
+                                        self.scheduler.policy, self.structured_outputs)
         self.runner.structured_outputs = self.structured_outputs
         self.default_generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self._ids = itertools.count()
