@@ -183,6 +183,20 @@ def _picklable(results: list[CoreResult]) -> list[CoreResult]:
     return [(rid, out, None if err is None else picklable_error(err)) for rid, out, err in results]
 
 
+PROCESS_NAME = "weir-engine"
+"""The engine core process's name in ``ps``, ``top`` and ``/proc/<pid>/comm`` (Linux)."""
+
+
+def _set_process_name(name: str) -> None:
+    """Name this process ``name`` where the platform allows (Linux's ``prctl(PR_SET_NAME)``)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def run_engine_core(conn, engine_args: dict, collect_stats: bool, num_threads: Optional[int],
                     cpu_affinity: Optional[list[int]] = None) -> None:
     """The engine core process's main: build the engine, then loop until told to stop or until
@@ -199,6 +213,7 @@ def run_engine_core(conn, engine_args: dict, collect_stats: bool, num_threads: O
 
     from weir.engine.engine_args import EngineArgs
 
+    _set_process_name(PROCESS_NAME)
     if cpu_affinity:
         os.sched_setaffinity(0, cpu_affinity)
     if num_threads:

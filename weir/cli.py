@@ -228,9 +228,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     from weir.worker.embedded import embedded_worker
 
     with embedded_worker(app, settings) as runtime:
-        engine = runtime.llm.llm_engine
-        checker = PromptChecker(runtime.llm.tokenizer, runtime.llm.max_model_len,
-                                vocab_size=engine.config.vocab_size, max_logprobs=engine.args.max_logprobs)
+        processor = runtime.front.processor
+        checker = PromptChecker(processor.tokenizer, processor.max_model_len, vocab_size=processor.vocab_size,
+                                max_logprobs=settings.engine.max_logprobs)
         client = Client(settings, celery_app=app, prompt_checker=checker)
         try:
             return run(client)

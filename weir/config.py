@@ -98,6 +98,17 @@ class WorkerSettings(_WeirSettings):
     lease_s: float = Field(30.0, gt=0, description="a claim's lease, renewed while the job runs, seconds")
     commit_max_jobs: int = Field(256, gt=0, description="group commit: the most jobs one transaction writes")
     commit_max_wait_s: float = Field(0.005, ge=0, description="group commit: wait this long for more jobs")
+    engine_multiprocessing: bool = Field(
+        True, description="run the engine core (the step loop) in a process of its own, as vLLM V1 does; "
+        "false: a thread of the worker's process")
+    engine_iteration_timeout_s: float = Field(
+        60.0, gt=0, description="a busy engine core silent this long is taken for wedged and killed, seconds")
+    cpu_omp_threads_bind: str = Field(
+        "auto", description="CPUs of the engine core's intra-op threads (vLLM's VLLM_CPU_OMP_THREADS_BIND): "
+        "auto, nobind, or a CPU list such as 0-3,8 (the job side gets the others)")
+    cpu_num_of_reserved_cpu: Optional[int] = Field(
+        None, ge=0, description="auto: CPUs the job side keeps, the engine core getting the rest; "
+        "default 0 on hosts of up to 2 CPUs, else 1")
     max_engine_failures: int = Field(
         3, ge=1, description="engine steps failing in a row before the worker exits non-zero")
     sweep_interval_s: float = Field(30.0, gt=0, description="beat runs the sweeper this often")
@@ -128,6 +139,16 @@ class WorkerSettings(_WeirSettings):
             raise ValueError(f"{url!r} is not a Redis URL (expected redis://host:port/db or rediss://...); "
                              "weir runs on Redis only")
         return url or None
+
+    @field_validator("cpu_omp_threads_bind")
+    @classmethod
+    def _bind_is_auto_nobind_or_a_cpu_list(cls, bind: str) -> str:
+        from weir.worker.placement import parse_cpu_list
+
+        bind = bind.strip()
+        if bind not in ("auto", "nobind"):
+            parse_cpu_list(bind)  # its ValueError names the value
+        return bind
 
     @property
     def sweep_deadline_s(self) -> float:

@@ -237,9 +237,10 @@ class PrometheusStatLogger:
                 self._e2e.observe(request.e2e_latency_s)
 
 
-def attach(metrics: WorkerMetrics, llm: Any) -> PrometheusStatLogger:
-    """Make ``llm``'s engine (a ``weir.LLM``) update ``metrics`` after each step; returns the
-    stat logger added to ``llm.llm_engine.stat_loggers``. Call it before the first step."""
-    stat_logger = PrometheusStatLogger(metrics, llm.model_name)
-    llm.llm_engine.stat_loggers.append(stat_logger)
+def attach(metrics: WorkerMetrics, front: Any) -> PrometheusStatLogger:
+    """Make ``front``'s engine (an ``LLM``, ``EngineFront`` or ``EngineCoreClient``) update ``metrics``
+    after each step; returns the stat logger added to ``front.stat_loggers``. Call it before the
+    first step."""
+    stat_logger = PrometheusStatLogger(metrics, front.model_name)
+    front.stat_loggers.append(stat_logger)
     return stat_logger

@@ -1,9 +1,12 @@
 """What one worker process holds while it runs: the engine and the results database.
 
 The engine is built once per process when the worker starts (Celery's ``worker_init`` signal, sent
-before the consumer takes any message) and shared by every task thread through ``EngineFront``,
-whose single step loop batches the requests of all threads together. It is drained on warm
-shutdown (``worker_shutdown``, sent after the pool has finished its running tasks).
+before the consumer takes any message) and shared by every task thread through one front
+(``weir.engine.core_client.EngineCoreClient``: the engine core, whose single step loop batches the
+requests of all threads together, runs in a process of its own, so the job side's threads never
+hold its GIL; ``WEIR_ENGINE_MULTIPROCESSING=false`` runs it on a thread here, ``EngineFront``). It
+is drained on warm shutdown (``worker_shutdown``, sent after the pool has finished its running
+tasks).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class EngineFailed(RuntimeError):
 
 
 class WorkerRuntime:
-    """Owns one process's ``engine.LLM``, its ``EngineFront``, a database session factory and its
+    """Owns one process's engine front (the engine core process, or ``engine.LLM`` and its
+    ``EngineFront``), a database session factory and its
     :class:`weir.worker.metrics.WorkerMetrics` (a registry of its own; served on
     ``WEIR_METRICS_PORT`` when set, which also attaches the engine's stat logger).
 
@@ -95,7 +99,7 @@ class WorkerRuntime:
 
     @property
     def model_name(self) -> str:
-        return self.llm.model_name
+        return self.front.model_name
 
     def start(self) -> None:
         """Serve the metrics (``WEIR_METRICS_PORT``), load the model, start the engine's step loop
@@ -107,7 +111,9 @@ class WorkerRuntime:
             FileNotFoundError, ValueError: the model or an engine argument is unusable.
         """
         from weir.engine import LLM, EngineFront
+        from weir.engine.core_client import EngineCoreClient
         from weir.worker.metrics import attach
+        from weir.worker.placement import bind_process, plan
 
         settings = self.settings.worker
         if settings.metrics_port:
@@ -115,14 +121,25 @@ class WorkerRuntime:
             if settings.broker_url:
                 self._watch_queues()
         try:
-            self.llm = LLM(**self.settings.engine_args())
+            if settings.engine_multiprocessing:
+                placement = plan(settings.cpu_omp_threads_bind, settings.cpu_num_of_reserved_cpu)
+                self.front = EngineCoreClient(self.settings.engine_args(), collect_stats=bool(settings.metrics_port),
+                                              num_threads=placement.engine_threads,
+                                              cpu_affinity=placement.engine_cpus,
+                                              iteration_timeout_s=settings.engine_iteration_timeout_s)
+                if placement.job_cpus is not None:
+                    bind_process(placement.job_cpus)
+                logger.info("threads: %s", placement.describe())
+            else:
+                self.llm = LLM(**self.settings.engine_args())
+                self.front = EngineFront(self.llm)
         except BaseException:
             self.metrics.close()
             raise
         if settings.metrics_port:
-            attach(self.metrics, self.llm)
-        self.front = EngineFront(self.llm)
-        logger.info("engine ready: model %s, max_model_len %d", self.llm.model_name, self.llm.max_model_len)
+            attach(self.metrics, self.front)
+        logger.info("engine ready: model %s, max_model_len %d%s", self.front.model_name, self.front.max_model_len,
+                    f", engine core pid {self.front.process.pid}" if settings.engine_multiprocessing else "")
         if settings.log_stats_interval_s:
             self._log_stats = threading.Thread(target=self._log_stats_loop, args=(settings.log_stats_interval_s,),
                                                name="weir-log-stats", daemon=True)
@@ -261,14 +278,20 @@ class WorkerRuntime:
     def _engine_step_failed(self, exc: Exception) -> None:
         """A step failed with a job in flight; past ``WEIR_MAX_ENGINE_FAILURES`` in a row, stop
         taking jobs and make the worker exit with :data:`EXIT_ENGINE_FAILED`."""
+        from weir.engine.core import EngineDeadError
+
         limit = self.settings.worker.max_engine_failures
-        if self.front.consecutive_step_failures >= limit and not self.engine_failed:
+        dead = isinstance(exc, EngineDeadError)
+        if (dead or self.front.consecutive_step_failures >= limit) and not self.engine_failed:
             from celery.worker import state as worker_state
 
             self.engine_failed = True
             self._stopping = True
-            logger.critical("engine failed %d steps in a row (%s): the worker exits with status %d",
-                            self.front.consecutive_step_failures, exc, EXIT_ENGINE_FAILED)
+            if dead:
+                logger.critical("%s: the worker exits with status %d", exc, EXIT_ENGINE_FAILED)
+            else:
+                logger.critical("engine failed %d steps in a row (%s): the worker exits with status %d",
+                                self.front.consecutive_step_failures, exc, EXIT_ENGINE_FAILED)
             worker_state.should_stop = EXIT_ENGINE_FAILED
 
     def run(self, job: Job, *, timeout_s: Optional[float] = None) -> JobResult:
@@ -290,6 +313,8 @@ class WorkerRuntime:
             JobTimedOut: past ``timeout_s``; the request was aborted.
             JobCancelled: the job was cancelled or its lease lost; the request was aborted.
         """
+        from weir.engine.front import EngineStepError
+
         if self._stopping:
             raise EngineStopping("the engine is shutting down", started=False)
         timeout_s = self.settings.worker.job_timeout_s if timeout_s is None else timeout_s
@@ -302,6 +327,9 @@ class WorkerRuntime:
                 )
             else:
                 future = self._submit_generate(request)
+        except EngineStepError as exc:  # the engine core died: not the job's fault
+            self._engine_step_failed(exc)
+            raise EngineFailed(str(exc)) from exc
         except Exception as exc:  # the job's failure, not the worker's: record it and go on
             return self._failure(job, exc)
         started = time.monotonic()
@@ -316,6 +344,9 @@ class WorkerRuntime:
         # a flagged description: one more attempt with the retry sampling, the first clean one kept
         try:
             future = self._submit_generate(request, retry)
+        except EngineStepError as exc:
+            self._engine_step_failed(exc)
+            raise EngineFailed(str(exc)) from exc
         except Exception as exc:
             return self._failure(job, exc)
         second = self._wait(job, future, max(1e-3, timeout_s - (time.monotonic() - started)))
@@ -338,7 +369,7 @@ class WorkerRuntime:
             ValueError: it does not fit, or the engine refuses it.
         """
         params = request.sampling_params() if params is None else params
-        max_model_len = self.llm.max_model_len
+        max_model_len = self.front.max_model_len
         if params.max_tokens > max_model_len:  # no need to tokenize
             raise ValueError(too_long_for_output(0, params.max_tokens, max_model_len))
         prompt_token_ids = self.front.encode_prompt(request.engine_prompt())

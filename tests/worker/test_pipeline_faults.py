@@ -144,6 +144,50 @@ def test_a_sticky_engine_failure_makes_the_worker_exit_and_another_drains_the_qu
     assert set(effects("product_enrichment", [f"{products}-{i}" for i in range(num_jobs)]).values()) == {1}
 
 
+def engine_core_pid(worker) -> int:
+    """The pid of the worker's engine core process: its child named ``weir-engine``."""
+    from weir.engine.core import PROCESS_NAME
+
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if name == PROCESS_NAME and int(rest[1]) == worker.proc.pid:  # rest[1]: the parent's pid
+            found.append(int(entry))
+    assert len(found) == 1, f"the worker has {len(found)} engine core processes"
+    return found[0]
+
+
+def test_a_killed_engine_core_gives_its_jobs_back_the_worker_exits_70_and_another_drains(
+        start_worker, client, hooked, effects, slow_model_dir):
+    env, runs = hooked
+    num_jobs = 6
+    worker = start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="4", WEIR_MAX_NUM_SEQS="4")
+    batch_id, products = enqueue(client, num_jobs, max_tokens=400)  # ~2.5 s each on the slow model
+    ids = job_ids(client, batch_id)
+    wait_until(lambda: len(runs()) >= 2, timeout_s=60, what="jobs in the engine")
+    interrupted = set(runs())
+    os.kill(engine_core_pid(worker), signal.SIGKILL)
+    assert worker.proc.wait(60) == 70  # EX_SOFTWARE, as for a failing engine
+    assert "the engine core process died: it exited with status -9" in worker.log()
+    at_exit = rows(client, batch_id)
+    assert with_status(at_exit, JobStatus.RUNNING) == set()  # every lease was given back
+    assert with_status(at_exit, JobStatus.FAILED) == set()  # not the jobs' fault
+
+    start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="4", WEIR_MAX_NUM_SEQS="4")
+    client.wait(batch_id, timeout_s=180)
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    assert {c: row[1] for c, row in table.items()} == {c: 1 for c in table}  # the failed start was given back
+    counted = runs()
+    assert interrupted and {counted[i] for i in interrupted} == {2}  # the interrupted ran again, once
+    assert set(effects("jobs", ids.values()).values()) == {1}
+    assert set(effects("product_enrichment", [f"{products}-{i}" for i in range(num_jobs)]).values()) == {1}
+
+
 def test_a_duplicate_delivery_while_the_job_runs_starts_no_second_run(start_worker, client, hooked, effects,
                                                                       slow_model_dir):
     env, runs = hooked

@@ -34,14 +34,14 @@ def long_job(max_tokens=480):
 
 def usage_when_idle(runtime):
     def idle():
-        stats = runtime.llm.stats()
+        stats = runtime.front.stats()
         return stats["num_requests_running"] + stats["num_requests_waiting"] == 0
 
     deadline = time.monotonic() + 5
     while not idle():
         assert time.monotonic() < deadline, "the engine still holds the request"
         time.sleep(0.01)
-    return runtime.llm.stats()["kv_cache_usage_perc"]
+    return runtime.front.stats()["kv_cache_usage_perc"]
 
 
 def test_a_finished_job_succeeds(runtime):
@@ -50,7 +50,7 @@ def test_a_finished_job_succeeds(runtime):
 
 
 def test_cancel_while_running_aborts_and_frees_every_block(runtime):
-    runtime.llm.reset_prefix_cache()
+    runtime.front.reset_prefix_cache()
     job = long_job()
     runtime.hold(job)
     threading.Timer(0.2, runtime.lease_lost, args=(job.id,)).start()  # what the lease renewer finds
@@ -59,14 +59,14 @@ def test_cancel_while_running_aborts_and_frees_every_block(runtime):
         runtime.run(job)
     runtime.drop(job)
     assert time.monotonic() - started < 1.0  # 480 tokens take ~3 s on this model
-    runtime.llm.reset_prefix_cache()
+    runtime.front.reset_prefix_cache()
     assert usage_when_idle(runtime) == 0.0
 
 
 def test_timeout_aborts_and_frees_every_block(runtime):
     with pytest.raises(JobTimedOut, match=r"no result after 0.2s \(WEIR_JOB_TIMEOUT_S\); aborted"):
         runtime.run(long_job(), timeout_s=0.2)
-    runtime.llm.reset_prefix_cache()
+    runtime.front.reset_prefix_cache()
     assert usage_when_idle(runtime) == 0.0
 
 

@@ -115,7 +115,7 @@ def test_prompt_logprobs_are_stored_per_prompt_token(runtime, llm):
     ("One two", 511, "ValueError: prompt (2 tokens) plus max_tokens=511 is 513 tokens, more than max_model_len=512"),
 ])
 def test_a_job_beyond_max_model_len_fails_at_once_with_the_reason(runtime, prompt, max_tokens, error):
-    before = runtime.llm.stats()["num_requests_running"] + runtime.llm.stats()["num_requests_waiting"]
+    before = runtime.front.stats()["num_requests_running"] + runtime.front.stats()["num_requests_waiting"]
     result = runtime.run(as_job(GenerateRequest(prompt=prompt, max_tokens=max_tokens)), timeout_s=5)
     assert (result.status, result.error, result.output_text) == (JobStatus.FAILED, error, None)
     assert before == 0 and runtime.front.stats()["num_requests_running"] == 0
