@@ -2,6 +2,7 @@
 
     python -m bench.feeder                  # 64 W-gen prompts, 48 tokens greedy, max_num_seqs 32
     python -m bench.feeder --repeat 3 --systems offline,worker
+    python -m bench.feeder --systems offline,worker --worker-env WEIR_CPU_NUM_OF_RESERVED_CPU=1
 
 Systems, each in a fresh process, on the packaged SmolLM2-135M-Instruct, same engine settings
 (``max_num_seqs``, the default KV cache, torch's default intra-op threads):
@@ -91,6 +92,7 @@ def run_worker(args, workdir: str, multiprocessing: bool) -> dict:
             env.pop(name, None)
         if args.omp_num_threads:
             env["OMP_NUM_THREADS"] = str(args.omp_num_threads)
+        env.update(item.split("=", 1) for item in args.worker_env)
         client = Client(Settings(engine=EngineSettings(model=model),
                                  worker=WorkerSettings(broker_url=args.redis_url, queue=queue),
                                  database=DatabaseSettings(database_url=database_url)))
@@ -160,6 +162,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--systems", default="offline,worker,worker-thread")
     ap.add_argument("--omp-num-threads", type=int, default=0, help="OMP_NUM_THREADS of the workers (0: unset)")
+    ap.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="one more variable of the workers' environment (repeatable)")
     ap.add_argument("--redis-url", default=REDIS_URL)
     return run(ap.parse_args(argv))
 

@@ -398,8 +398,10 @@ class Client:
             raise
         started = time.perf_counter()
         try:
+            bulk = priority is not None and priority > INTERACTIVE_PRIORITY
             self._publish_batch(celery_app, batch_id, timings.num_jobs, chunk_size,
-                                broker_priority(INTERACTIVE_PRIORITY if priority is None else priority))
+                                broker_priority(INTERACTIVE_PRIORITY if priority is None else priority),
+                                self.settings.worker.bulk_chunk_size if bulk else 1)
         finally:
             timings.publish_s = time.perf_counter() - started
             logger.info(
@@ -463,7 +465,7 @@ class Client:
             logger.exception("batch %s: cannot delete the batch left validating", batch_id)
 
     def _publish_batch(self, celery_app: Any, batch_id: uuid.UUID, num_jobs: int, chunk_size: int,
-                       message_priority: int = 0) -> None:
+                       message_priority: int = 0, jobs_per_message: int = 1) -> None:
         """Publish a stored batch's jobs chunk by chunk in batch-index order, each chunk stamped
         published just before it goes (a thread stamps the next chunk, in the database, while this
         one is published); on failure mark the rest unpublished and raise PublishError."""
@@ -475,7 +477,8 @@ class Client:
         num_published = 0
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="weir-stamp") as stamper, \
-                    JobPublisher(celery_app, self.queue, PUBLISH_RETRY_POLICY, message_priority) as publisher:
+                    JobPublisher(celery_app, self.queue, PUBLISH_RETRY_POLICY, message_priority,
+                                 jobs_per_message) as publisher:
                 next_ids = stamper.submit(stamp, 0)
                 while job_ids := next_ids.result():
                     if num_published + len(job_ids) < num_jobs:

@@ -11,6 +11,8 @@ import re
 from typing import Optional
 
 RUN_JOB = "weir.run_job"
+RUN_CHUNK = "weir.run_chunk"
+"""A bulk batch's jobs, many to a message (args: their ids); see ``weir.worker.chunk``."""
 """Run one job row. Args: ``(job_id: str)``."""
 
 ENRICH_CATALOG = "weir.enrich_catalog"

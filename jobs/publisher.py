@@ -50,12 +50,17 @@ class JobPublisher:
         retry_policy: as above; empty: no retry.
         priority: the messages' priority (kombu's, 0 to 9; on Redis, lower levels are polled
             first: 0, then 3, 6, 9, each level a list of its own).
+        jobs_per_message: 1: one ``run_job`` message per job; more: one ``run_chunk`` message per
+            this many jobs (a bulk batch's chunks, see ``weir.worker.chunk``).
     """
 
     def __init__(self, celery_app: Any, queue: str, retry_policy: Optional[dict[str, float]] = None,
-                 priority: int = 0) -> None:
+                 priority: int = 0, jobs_per_message: int = 1) -> None:
+        if jobs_per_message < 1:
+            raise ValueError(f"jobs_per_message must be at least 1, got {jobs_per_message}")
         self._app = celery_app
         self._priority = priority
+        self._jobs_per_message = jobs_per_message
         self._queue = celery_app.amqp.queues[queue]
         self._retry_policy = dict(retry_policy or {})
         self._connection: Any = None
@@ -73,7 +78,8 @@ class JobPublisher:
         self._release()
 
     def publish(self, job_ids: Sequence[uuid.UUID]) -> None:
-        """Publish one message per job, in this order (workers take them in this order).
+        """Publish the jobs' messages (one per job, or one per ``jobs_per_message`` of them), in
+        this order (workers take them in this order).
 
         Raises:
             kombu.exceptions.BatchPublishError, kombu.exceptions.OperationalError, or the
@@ -96,17 +102,19 @@ class JobPublisher:
             producer.maybe_declare(self._queue)
             self._declared = True
         # One flush, on exit: the whole chunk in one pipeline.
+        per = self._jobs_per_message
+        task = names.RUN_JOB if per == 1 else names.RUN_CHUNK
         with producer.batch(max_size=len(job_ids) + 1) if self._can_batch else contextlib.nullcontext():
-            for job_id in job_ids:
-                arg = str(job_id)
+            for start in range(0, len(job_ids), per):
+                args = [str(job_id) for job_id in job_ids[start:start + per]]
                 message = amqp.as_task_v2(
-                    str(uuid.uuid4()), names.RUN_JOB, args=[arg], kwargs={}, reply_to=self._app.thread_oid,
-                    argsrepr=f"['{arg}']", kwargsrepr="{}", ignore_result=None, origin=self._origin,
+                    str(uuid.uuid4()), task, args=args, kwargs={}, reply_to=self._app.thread_oid,
+                    argsrepr=repr(args), kwargsrepr="{}", ignore_result=None, origin=self._origin,
                     create_sent_event=self._send_sent_event,
                 )
                 # declare=[]: declared once above; retry=False: publish() retries the whole chunk
                 self._send_task_message(
-                    producer, names.RUN_JOB, message, queue=self._queue, exchange="",
+                    producer, task, message, queue=self._queue, exchange="",
                     routing_key=self._queue.name, serializer="json", delivery_mode=PERSISTENT_DELIVERY_MODE,
                     declare=[], retry=False, priority=self._priority,
                 )

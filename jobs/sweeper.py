@@ -45,8 +45,9 @@ such as a sweep share the control queue)."""
 
 
 def oldest_waiting_job(connection: Any, queue: str) -> Optional[uuid.UUID]:
-    """The job id of the oldest ``run_job`` message waiting in ``queue`` on a Redis broker (among
-    its ``OLDEST_SCAN`` oldest messages), or None when there is none.
+    """The job id of the oldest ``run_job`` message waiting in ``queue`` on a Redis broker (the
+    first job of a ``run_chunk`` message; among its ``OLDEST_SCAN`` oldest messages), or None
+    when there is none.
 
     Args:
         connection: a kombu connection to the broker.
@@ -57,7 +58,7 @@ def oldest_waiting_job(connection: Any, queue: str) -> Optional[uuid.UUID]:
     for raw in reversed(client.lrange(queue, -OLDEST_SCAN, -1)):  # oldest first
         try:
             envelope = json.loads(raw)
-            if envelope.get("headers", {}).get("task") != names.RUN_JOB:
+            if envelope.get("headers", {}).get("task") not in (names.RUN_JOB, names.RUN_CHUNK):
                 continue
             body = envelope["body"]
             if envelope.get("properties", {}).get("body_encoding") == "base64":

@@ -143,10 +143,10 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
     job = claim.job
     claimed_at = time.monotonic()
     kind = job.kind.value
-    runtime.metrics.job_started(kind)
     runtime.hold(job)
     try:
         try:
+            runtime.begin_run(job)
             result = runtime.run(job)
         except JobCancelled:
             return Attempt(Outcome.DONE, "cancelled or lease lost while running")

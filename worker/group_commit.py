@@ -41,7 +41,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from weir.jobs import store
 from weir.jobs.db import Job, watchdog
-from weir.jobs.store import Claim, JobResult
+from weir.jobs.store import Claim, ClaimStatus, JobResult
 from weir.worker.metrics import DB_WRITE_LANES
 
 logger = logging.getLogger(__name__)
@@ -186,6 +186,19 @@ class GroupCommitter:
         held under this claim."""
         return self._submit(_Op("release", job.id, self._deadline(), job=job, refund_attempt=refund_attempt))
 
+    def claim_async(self, job_id: uuid.UUID) -> Future:
+        """:meth:`claim` without waiting: the future gives the ``Claim`` once committed (or raises
+        as :meth:`claim` does). Claims submitted together share one transaction."""
+        return self._enqueue(_Op("claim", job_id, self._deadline()))
+
+    def finish_async(self, job: Job, result: JobResult) -> Future:
+        """:meth:`finish` without waiting: the future gives its bool once committed."""
+        return self._enqueue(_Op("finish", job.id, self._deadline(), job=job, result=result))
+
+    def release_async(self, job: Job, *, refund_attempt: bool = False) -> Future:
+        """:meth:`release` without waiting."""
+        return self._enqueue(_Op("release", job.id, self._deadline(), job=job, refund_attempt=refund_attempt))
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is pending, then stop the thread; later calls raise :class:`CommitterStopped`."""
         self._closed = True
@@ -197,11 +210,14 @@ class GroupCommitter:
     def _deadline(self) -> float:
         return time.monotonic() + self.retry_timeout_s
 
-    def _submit(self, op: _Op) -> Any:
+    def _enqueue(self, op: _Op) -> Future:
         if self._closed:
             raise CommitterStopped("the worker's database writer is closed")
         self._queues["claim" if op.kind == "claim" else "finish"].put(op)
-        return op.future.result()
+        return op.future
+
+    def _submit(self, op: _Op) -> Any:
+        return self._enqueue(op).result()
 
     # ---- committer thread ---------------------------------------------------------------------
 
@@ -302,13 +318,20 @@ class GroupCommitter:
             claimed = store.claim_jobs(session, [op.job_id for op in claims], worker=self.worker,
                                        lease_s=self.lease_s, max_attempts=self.max_attempts)
         answers = []
+        handed: set[uuid.UUID] = set()
         for op in group:
             if op.kind == "finish":
                 answers.append(op.job_id in written)
             elif op.kind == "release":
                 answers.append(op.job_id in released)
             else:
-                answers.append(claimed[op.job_id])
+                claim = claimed[op.job_id]
+                if claim.status == ClaimStatus.CLAIMED and op.job_id in handed:
+                    # two deliveries of one job in one group: the first runs it, the other finds
+                    # it held under that claim's lease, as it would one group later
+                    claim = Claim(ClaimStatus.HELD, lease_expires_at=claim.lease_expires_at)
+                handed.add(op.job_id)
+                answers.append(claim)
         return answers
 
 

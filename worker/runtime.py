@@ -60,6 +60,10 @@ class EngineFailed(RuntimeError):
     :data:`EXIT_ENGINE_FAILED`."""
 
 
+CHUNK_SLOTS_PER_SEQ = 2
+"""A worker keeps at most this many chunk requests in its engine per ``max_num_seqs``."""
+
+
 class WorkerRuntime:
     """Owns one process's engine front (the engine core process, or ``engine.LLM`` and its
     ``EngineFront``), a database session factory and its
@@ -96,6 +100,10 @@ class WorkerRuntime:
         self._watchdog_s = settings.database.statement_timeout_s + 5.0
         self.metrics = WorkerMetrics()
         self._log_stats: Optional[threading.Thread] = None
+        # requests of chunks in the engine at once: enough to keep every sequence slot busy and
+        # the next step's requests waiting, few enough that a queued request's timeout is not
+        # spent waiting behind a whole backlog
+        self._chunk_slots = threading.BoundedSemaphore(CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs)
 
     @property
     def model_name(self) -> str:
@@ -320,13 +328,7 @@ class WorkerRuntime:
         timeout_s = self.settings.worker.job_timeout_s if timeout_s is None else timeout_s
         try:
             request = parse_request(job.request)
-            if job.kind == JobKind.CLASSIFY:
-                future = self.front.submit_classify(
-                    request.engine_prompt(), request.labels, request.label_texts,
-                    request.engine_calibration_prompt(), priority=self._engine_priority(request),
-                )
-            else:
-                future = self._submit_generate(request)
+            future = self.submit(job, request)
         except EngineStepError as exc:  # the engine core died: not the job's fault
             self._engine_step_failed(exc)
             raise EngineFailed(str(exc)) from exc
@@ -338,8 +340,8 @@ class WorkerRuntime:
             return self._failure(job, output)
         if job.kind == JobKind.CLASSIFY:
             return self._classified(output)
-        retry = request.retry_params()
-        if retry is None or description_quality(output.outputs[0].text) == OK:
+        retry = self.description_retry(request, output)
+        if retry is None:
             return self._generated(output, request)
         # a flagged description: one more attempt with the retry sampling, the first clean one kept
         try:
@@ -352,6 +354,40 @@ class WorkerRuntime:
         second = self._wait(job, future, max(1e-3, timeout_s - (time.monotonic() - started)))
         if isinstance(second, Exception):
             return self._failure(job, second)
+        return self.kept_description(request, output, second)
+
+    def begin_run(self, job: Job) -> None:
+        """A claimed job is about to go to the engine (once per attempt, whatever path delivered
+        it): counted in the metrics."""
+        self.metrics.job_started(job.kind.value)
+
+    def submit(self, job: Job, request: JobRequest, params: Optional[SamplingParams] = None) -> Future:
+        """Submit a claimed job's request to the engine (a generation with ``params`` in place of
+        its own, when given); the future gives the engine's output.
+
+        Raises:
+            ValueError: the engine refuses it (the job's failure).
+            EngineStepError: the engine core is dead.
+        """
+        if job.kind == JobKind.CLASSIFY:
+            return self.front.submit_classify(
+                request.engine_prompt(), request.labels, request.label_texts,
+                request.engine_calibration_prompt(), priority=self._engine_priority(request),
+            )
+        return self._submit_generate(request, params)
+
+    @staticmethod
+    def description_retry(request: JobRequest, output) -> Optional[SamplingParams]:
+        """The retry sampling of a generation whose description the quality check flags; None
+        when the output stands (clean, or no retry asked)."""
+        retry = request.retry_params()
+        if retry is None or description_quality(output.outputs[0].text) == OK:
+            return None
+        return retry
+
+    def kept_description(self, request: GenerateRequest, output, second) -> JobResult:
+        """The result of a flagged description and its retry: the first clean one kept, the
+        tokens of both counted."""
         attempts = [output, second]
         kept = attempts[pick_description([a.outputs[0].text for a in attempts])]
         other = attempts[1] if kept is output else output
@@ -360,6 +396,35 @@ class WorkerRuntime:
             result, num_prompt_tokens=result.num_prompt_tokens + len(other.prompt_token_ids),
             num_completion_tokens=result.num_completion_tokens + sum(len(c.token_ids) for c in other.outputs),
             num_cached_tokens=(result.num_cached_tokens or 0) + (other.num_cached_tokens or 0))
+
+    def track(self, job: Job, future: Future) -> bool:
+        """Register ``future`` as ``job``'s run in the engine (aborted on a lost lease or at the
+        end of the shutdown grace period); aborts it at once, returning False, when the job's
+        lease is already lost."""
+        with self._running_lock:
+            self._running.add(future)
+            if job.id in self._leases:
+                self._leases[job.id][1] = future
+            lost = job.id in self._lost
+        if lost:
+            self.front.abort(future)
+        return not lost
+
+    def untrack(self, future: Future) -> None:
+        with self._running_lock:
+            self._running.discard(future)
+
+    def is_lost(self, job: Job) -> bool:
+        """Whether ``job`` was cancelled or its lease lost while this process held it."""
+        with self._running_lock:
+            return job.id in self._lost
+
+    def take_slot(self) -> bool:
+        """One of the worker's chunk slots (requests of chunks in the engine at once), if free."""
+        return self._chunk_slots.acquire(blocking=False)
+
+    def give_slot(self) -> None:
+        self._chunk_slots.release()
 
     def _submit_generate(self, request: GenerateRequest, params: Optional[SamplingParams] = None) -> Future:
         """Submit a generation (with ``params`` in place of the request's own, when given) whose
@@ -388,13 +453,7 @@ class WorkerRuntime:
         """The future's result, or the request's own error as a value; raises as :meth:`run` says."""
         from weir.engine.front import EngineStepError
 
-        with self._running_lock:
-            self._running.add(future)
-            if job.id in self._leases:
-                self._leases[job.id][1] = future
-            lost = job.id in self._lost
-        if lost:
-            self.front.abort(future)
+        self.track(job, future)
         try:
             try:
                 return future.result(timeout=timeout_s)
@@ -415,8 +474,7 @@ class WorkerRuntime:
                     raise EngineStopping(str(exc)) from exc
                 return exc
         finally:
-            with self._running_lock:
-                self._running.discard(future)
+            self.untrack(future)
 
     def _failure(self, job: Job, exc: Exception) -> JobResult:
         logger.warning("job %s failed: %s: %s", job.id, type(exc).__name__, exc)

@@ -61,6 +61,42 @@ def run_job(self, *args, **kwargs) -> None:
         raise self.retry(countdown=attempt.countdown_s)
 
 
+@app.task(name=names.RUN_CHUNK, bind=True, max_retries=None, typing=False)
+def run_chunk(self, *args, **kwargs) -> None:
+    """Run the job rows named by the message's arguments (job ids of one bulk batch) and store
+    their results, each as it finishes (:func:`weir.worker.chunk.run_chunk_attempt`). Acked once
+    every job has a stored outcome or was published again as a ``run_job`` message of its own.
+
+    Raises:
+        celery.exceptions.Reject: the engine is shutting down or failed, or the database stayed
+            unreachable; the message goes back to the queue (its stored jobs are skipped then).
+        celery.exceptions.Retry: an unexpected error (after a backoff, as ``run_job``).
+    """
+    from weir.worker.chunk import parse_job_ids, run_chunk_attempt
+
+    runtime = get_runtime()
+    delivery = self.request.delivery_info or {}
+    try:
+        job_ids = parse_job_ids(args, kwargs)
+    except MalformedMessage as exc:
+        dead_letter(runtime, body={"args": list(args), "kwargs": kwargs}, reason=str(exc),
+                    queue=delivery.get("routing_key"), task=self.name, message_id=self.request.id)
+        return
+    try:
+        attempt = run_chunk_attempt(runtime, job_ids, worker=self.request.hostname or "")
+    except Exception as exc:  # never ack without stored outcomes: back to the queue, later
+        countdown_s = get_exponential_backoff_interval(1, self.request.retries, MAX_ERROR_BACKOFF_S)
+        logger.exception("chunk of %d jobs: unexpected error; published again in %ds", len(job_ids), countdown_s)
+        raise self.retry(countdown=countdown_s, exc=exc)
+    for job_id, countdown_s in attempt.republish:  # before the ack: a crash here redelivers the chunk
+        run_job.apply_async(args=[str(job_id)], countdown=countdown_s or None,
+                            queue=delivery.get("routing_key"), priority=delivery.get("priority"))
+    logger.info("chunk of %d jobs: %s", len(job_ids), attempt.reason)
+    if attempt.outcome == Outcome.REQUEUE:
+        logger.warning("chunk of %d jobs back to the queue: %s", len(job_ids), attempt.reason)
+        raise Reject(attempt.reason, requeue=True)
+
+
 @app.task(name=names.SWEEP)
 def sweep() -> int:
     """Publish again the jobs whose message may be lost (the periodic beat entry); returns how many."""

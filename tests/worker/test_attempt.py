@@ -148,3 +148,26 @@ def test_pool_timeout_read_only_failover_and_lock_timeout_are_transient():
     assert is_transient(DBAPIError.instance("UPDATE jobs", {}, deadlock, psycopg.Error))
     unique = psycopg.errors.UniqueViolation("duplicate key")
     assert not is_transient(DBAPIError.instance("INSERT", {}, unique, psycopg.Error))
+
+
+def test_two_deliveries_of_one_job_in_one_claim_group_run_it_once(postgres_url):
+    from weir.worker.group_commit import GroupCommitter
+
+    engine = make_engine(postgres_url)
+    session_factory = make_session_factory(engine)
+    try:
+        with session_factory.begin() as session:
+            _, [job, other] = store.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
+                                                 model="tiny")
+        # a long group wait: both claims of the job (and one of another) share one transaction
+        writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
+                                model_name=lambda: "tiny", retry_timeout_s=5, max_wait_s=0.5)
+        futures = [writer.claim_async(job.id), writer.claim_async(other.id), writer.claim_async(job.id)]
+        claims = [f.result(timeout=30) for f in futures]
+        writer.close()
+        assert writer.num_transactions == 1
+        assert [c.status for c in claims] == [store.ClaimStatus.CLAIMED, store.ClaimStatus.CLAIMED,
+                                              store.ClaimStatus.HELD]
+        assert claims[2].lease_expires_at == claims[0].lease_expires_at
+    finally:
+        engine.dispose()

@@ -2,8 +2,9 @@
 
 - ``WEIR_TEST_CRASH_MARKER``: the worker process SIGKILLs itself when it starts a job whose
   prompt contains the marker (a job that crashes the worker every time).
-- ``WEIR_TEST_RUN_LOG``: a file; every engine run of a job (each ``WorkerRuntime.run``) appends
-  one line ``<job id>`` to it, so a test counts engine runs per job, an effect, not rows.
+- ``WEIR_TEST_RUN_LOG``: a file; every engine run of a job (each ``WorkerRuntime.begin_run``, on
+  the per-job and the chunk path) appends one line ``<job id>`` to it, so a test counts engine
+  runs per job, an effect, not rows.
 - ``WEIR_TEST_RUN_SLEEP_S``: every engine run waits this long first (a slow job, whatever the
   engine's speed).
 - ``WEIR_TEST_STEP_FAILURES``: the first N engine steps of this process raise (``always``: every
@@ -22,7 +23,7 @@ if _marker or _run_log or _run_sleep_s:
 
     from weir.worker import runtime as _runtime
 
-    _run = _runtime.WorkerRuntime.run
+    _run = _runtime.WorkerRuntime.begin_run
 
     def _hooked_run(self, job, **kwargs):
         if _run_log:
@@ -36,7 +37,7 @@ if _marker or _run_log or _run_sleep_s:
             time.sleep(_run_sleep_s)
         return _run(self, job, **kwargs)
 
-    _runtime.WorkerRuntime.run = _hooked_run
+    _runtime.WorkerRuntime.begin_run = _hooked_run
 
 if _step_failures:
     from weir.engine import llm_engine as _llm_engine

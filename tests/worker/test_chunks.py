@@ -1,0 +1,132 @@
+"""Bulk batches travel in chunks (``run_chunk``: many job ids to a message), against real
+``weir worker`` processes, Redis and Postgres; engine runs and result writes counted per job."""
+
+import os
+import signal
+import time
+
+import pytest
+import redis
+
+from weir.jobs import names
+from weir.jobs.db import BatchStatus, JobStatus
+from weir.jobs.schemas import BULK_PRIORITY, GenerateRequest
+
+from tests.worker.test_faults import FAST_REDELIVERY, assert_each_succeeded_once, rows, wait_until, with_status
+from tests.worker.test_pipeline_faults import effects, hooked  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.integration
+
+CHUNK = 8
+
+
+@pytest.fixture
+def client(worker_env):
+    """A producer that publishes bulk batches as chunks of :data:`CHUNK` jobs."""
+    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+    from weir.jobs.client import Client
+
+    client = Client(Settings(
+        engine=EngineSettings(model=worker_env["WEIR_MODEL"]),
+        worker=WorkerSettings(broker_url=worker_env["WEIR_BROKER_URL"], queue=worker_env["WEIR_QUEUE"],
+                              bulk_chunk_size=CHUNK),
+        database=DatabaseSettings(database_url=worker_env["WEIR_DATABASE_URL"]),
+    ))
+    yield client
+    client.close()
+
+
+def bulk(client, num_jobs, max_tokens, prompt=lambda i: f"Product number {i}"):
+    return client.enqueue_batch([
+        GenerateRequest(prompt=prompt(i), custom_id=f"job-{i}", temperature=0, max_tokens=max_tokens)
+        for i in range(num_jobs)], priority=BULK_PRIORITY)
+
+
+def messages(client):
+    """(task name, number of job ids) of every message waiting in the client's queue."""
+    import json
+
+    raw = redis.Redis.from_url(client.settings.worker.broker_url)
+    found = []
+    for key in [client.queue, *raw.keys(f"{client.queue}\x06\x16*")]:
+        if raw.type(key) != b"list":
+            continue
+        for entry in raw.lrange(key, 0, -1):
+            envelope = json.loads(entry)
+            import base64
+
+            body = json.loads(base64.b64decode(envelope["body"]))
+            found.append((envelope["headers"]["task"], len(body[0])))
+    return found
+
+
+def test_a_bulk_batch_is_published_in_chunks_and_an_interactive_one_per_job(client):
+    bulk(client, 20, max_tokens=1)
+    client.enqueue_batch([GenerateRequest(prompt="Hello", max_tokens=1)] * 3)
+    assert sorted(messages(client)) == sorted([(names.RUN_CHUNK, 8), (names.RUN_CHUNK, 8), (names.RUN_CHUNK, 4)]
+                                              + [(names.RUN_JOB, 1)] * 3)
+
+
+def test_every_job_of_a_chunked_batch_runs_once_and_is_stored_once(start_worker, client, hooked, effects):
+    env, runs = hooked
+    num_jobs = 50
+    start_worker(**env)
+    batch_id = bulk(client, num_jobs, max_tokens=4)
+    client.wait(batch_id, timeout_s=120)
+    assert_each_succeeded_once(client, batch_id, num_jobs)
+    ids = [j.id for j in client.jobs(batch_id)]
+    assert set(runs()[str(i)] for i in ids) == {1}
+    assert set(effects("jobs", ids).values()) == {1}
+
+
+def test_sigkill_mid_chunk_runs_only_the_unfinished_jobs_again(start_worker, client, hooked, effects,
+                                                               slow_model_dir):
+    env, runs = hooked
+    num_jobs = 24
+    settings = dict(env, WEIR_MODEL=slow_model_dir, WEIR_VISIBILITY_TIMEOUT_S="6", WEIR_CONCURRENCY="2",
+                    WEIR_MAX_NUM_SEQS="4")
+    worker = start_worker(**settings)
+    batch_id = bulk(client, num_jobs, max_tokens=64)  # ~0.4 s each on the slow model
+    wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 4, what="4 jobs done")
+    os.kill(worker.proc.pid, signal.SIGKILL)
+    worker.proc.wait(10)
+    at_kill = rows(client, batch_id)
+    finished = with_status(at_kill, JobStatus.SUCCEEDED)
+    interrupted = with_status(at_kill, JobStatus.RUNNING)
+    assert finished and interrupted  # the kill caught a chunk part done
+
+    start_worker(**settings)
+    client.wait(batch_id, timeout_s=180)
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    ids = {j.custom_id: str(j.id) for j in client.jobs(batch_id)}
+    counted = runs()
+    assert {counted[ids[c]] for c in finished} == {1}  # stored before the kill: never run again
+    assert {c: (counted[ids[c]], table[c][1]) for c in table if counted[ids[c]] > table[c][1]} == {}  # engine runs per job <= attempts
+    assert {counted[ids[c]] for c in interrupted} <= {1, 2}
+    assert set(effects("jobs", ids.values()).values()) == {1}
+
+
+def test_a_poison_job_inside_a_chunk_fails_alone_and_the_others_succeed(start_worker, client, hooked):
+    env, runs = hooked
+    settings = dict(env, **FAST_REDELIVERY, WEIR_TEST_CRASH_MARKER="CRASH-ME", WEIR_MAX_ATTEMPTS="2",
+                    WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1")
+    num_jobs = 8
+    batch_id = bulk(client, num_jobs, max_tokens=2, prompt=lambda i: "CRASH-ME" if i == 3 else f"Item {i}")
+    worker = start_worker(**settings)
+    num_restarts = 0
+    deadline = time.monotonic() + 150
+    while not client.batch_status(batch_id).status.is_finished:
+        assert time.monotonic() < deadline, "batch not finished after 150 s"
+        if not worker.is_alive():  # what a process supervisor does
+            worker = start_worker(**settings)
+            num_restarts += 1
+        time.sleep(0.1)
+
+    table = rows(client, batch_id)
+    assert num_restarts == 2  # one crash per attempt of the poison job
+    # the chunk's first delivery charged every claimed job a start; after the crash each
+    # unfinished job ran alone, so the poison job crashed only its own second attempt
+    assert table["job-3"][:2] == (JobStatus.FAILED, 2)
+    assert with_status(table, JobStatus.SUCCEEDED) == {f"job-{i}" for i in range(num_jobs) if i != 3}
+    ids = {j.custom_id: str(j.id) for j in client.jobs(batch_id)}
+    assert all(runs()[ids[c]] <= table[c][1] for c in table)
