@@ -4,6 +4,8 @@
     python -m bench.pipeline --jobs 1000 --repeat 1           # one run of each (default: 3, medians)
     python -m bench.pipeline --workers 2                      # also two weir workers on one batch
     python -m bench.pipeline --batch-sizes 2000,200000 --drain-jobs 20000
+    python -m bench.pipeline --jobs 2000 --per-job-peer            # also weir at priority 0 (per job)
+    python -m bench.pipeline --jobs 2000 --chunk-size 256          # WEIR_BULK_CHUNK_SIZE
 
 Needs Redis (``WEIR_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/0``) and PostgreSQL
 (``WEIR_TEST_POSTGRES_URL``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``, a
@@ -14,7 +16,8 @@ What runs:
 
 - weir: N generation jobs (``max_tokens=1``, temperature 0, prompt ``"Product {i}: describe it."``)
   enqueued as one batch with :meth:`weir.jobs.client.Client.enqueue_batch` (validation, batch and job
-  rows, one message per job) to ``python -m weir worker`` subprocesses on the 2-layer
+  rows; at ``--priority`` 9 by default, a bulk batch: one ``run_chunk`` message per
+  ``WEIR_BULK_CHUNK_SIZE`` jobs; at 0 one message per job) to ``python -m weir worker`` subprocesses on the 2-layer
   :func:`weir.jobs.testing.save_tiny_chat_model` (random weights),
   ``WEIR_CONCURRENCY = WEIR_MAX_NUM_SEQS = --concurrency``. The engine is nearly free, so the
   figure is the price of weir's delivery and bookkeeping per job.
@@ -209,7 +212,8 @@ class Bench:
         client = Client(
             Settings(
                 engine=EngineSettings(model=self.model_dir),
-                worker=WorkerSettings(broker_url=self.args.redis_url, queue=queue),
+                worker=WorkerSettings(broker_url=self.args.redis_url, queue=queue,
+                                      **({"bulk_chunk_size": self.args.chunk_size} if self.args.chunk_size else {})),
                 database=DatabaseSettings(database_url=self.database_url),
             ),
             prompt_checker=self._prompt_checker,
@@ -217,8 +221,9 @@ class Bench:
         self._prompt_checker = client.prompt_checker  # the tokenizer loads once, before any clock
         return client
 
-    def run_weir(self, num_jobs: int, num_workers: int, *, drain: bool = False) -> Run:
-        """One batch of ``num_jobs`` through ``num_workers`` weir workers.
+    def run_weir(self, num_jobs: int, num_workers: int, *, drain: bool = False, priority: Optional[int] = None) -> Run:
+        """One batch of ``num_jobs`` through ``num_workers`` weir workers, at ``priority``
+        (default ``--priority``: above 0 a bulk batch, published in chunks; 0 one message per job).
 
         ``drain``: enqueue first, then start the workers, and count only the first
         ``--drain-jobs`` results (or those within ``--drain-timeout-s`` of the first result).
@@ -228,6 +233,7 @@ class Bench:
         from weir.jobs.db import Job, JobStatus
         from weir.jobs.schemas import GenerateRequest
 
+        priority = self.args.priority if priority is None else priority
         queue = self.new_queue("weir")
         client = self.client(queue)
         requests = [
@@ -243,7 +249,7 @@ class Bench:
                 before = self.db_stats(wait_for_backends=False)
             enqueued_at = datetime.now(timezone.utc)
             started = time.monotonic()
-            batch_id = client.enqueue_batch(requests)
+            batch_id = client.enqueue_batch(requests, priority=priority)
             enqueue_s = time.monotonic() - started
             if drain:
                 client.engine.dispose()  # its counters flush; the next poll opens a new connection
@@ -284,7 +290,7 @@ class Bench:
         stamps, num_failed = self.query(read)
         first_to_end, enqueue_to_end = rates(stamps[:target], None if drain else enqueued_at)
         delete_queue_keys(self.redis, queue)
-        return Run("weir", num_workers, num_jobs, min(target, len(stamps)), enqueue_s, first_to_end, enqueue_to_end,
+        return Run(f"weir p{priority}", num_workers, num_jobs, min(target, len(stamps)), enqueue_s, first_to_end, enqueue_to_end,
                    num_failed, self.per_job(before, after, len(stamps)), note)
 
     # -- baseline --------------------------------------------------------------------------------
@@ -381,18 +387,26 @@ def print_ratio(name: str, numerator: float, denominator: float, target: Optiona
 
 
 def throughput(bench: Bench, args: argparse.Namespace) -> None:
-    weir_runs, baseline_runs, multi_runs = [], [], []
+    weir_runs, baseline_runs, multi_runs, per_job_runs = [], [], [], []
     for _ in range(args.repeat):
         weir_runs.append(bench.run_weir(args.jobs, 1))
         baseline_runs.append(bench.run_baseline(args.jobs))
+        if args.per_job_peer and args.priority > 0:
+            per_job_runs.append(bench.run_weir(args.jobs, 1, priority=0))
         if args.workers > 1:
             multi_runs.append(bench.run_weir(args.jobs, args.workers))
-    print_table(weir_runs + baseline_runs + multi_runs)
+    print_table(weir_runs + per_job_runs + baseline_runs + multi_runs)
     median = "median of %d runs, " % args.repeat if args.repeat > 1 else ""
-    print_ratio(f"weir / baseline ({median}first result to end)", median_rate(weir_runs, "first_to_end_per_s"),
-                median_rate(baseline_runs, "first_to_end_per_s"), target=0.5)
-    print_ratio(f"weir / baseline ({median}enqueue to end)", median_rate(weir_runs, "enqueue_to_end_per_s"),
-                median_rate(baseline_runs, "enqueue_to_end_per_s"), target=0.5)
+    target = 3.0 if args.priority > 0 else 0.5
+    print_ratio(f"weir p{args.priority} / baseline ({median}first result to end)",
+                median_rate(weir_runs, "first_to_end_per_s"), median_rate(baseline_runs, "first_to_end_per_s"),
+                target=target)
+    print_ratio(f"weir p{args.priority} / baseline ({median}enqueue to end)",
+                median_rate(weir_runs, "enqueue_to_end_per_s"), median_rate(baseline_runs, "enqueue_to_end_per_s"),
+                target=target)
+    if per_job_runs:
+        print_ratio(f"weir p0 (one message per job) / baseline ({median}first result to end)",
+                    median_rate(per_job_runs, "first_to_end_per_s"), median_rate(baseline_runs, "first_to_end_per_s"))
     if multi_runs:
         print_ratio(f"weir {args.workers} workers / 1 worker ({median}first result to end)",
                     median_rate(multi_runs, "first_to_end_per_s"), median_rate(weir_runs, "first_to_end_per_s"))
@@ -441,6 +455,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--drain-timeout-s", type=float, default=300.0,
                         help="drain mode: stop counting this long after the first result")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="give up on one run after this long")
+    parser.add_argument("--priority", type=int, default=9,
+                        help="weir's batch priority: above 0 a bulk batch, in chunks (default 9, the catalog's); "
+                        "0 one message per job")
+    parser.add_argument("--chunk-size", type=int, default=None, help="WEIR_BULK_CHUNK_SIZE (default: the setting's)")
+    parser.add_argument("--per-job-peer", action="store_true",
+                        help="also run weir at priority 0 (one message per job) in each repeat")
     parser.add_argument("--redis-url", default=REDIS_URL)
     parser.add_argument("--postgres-url", default=POSTGRES_ADMIN_URL)
     args = parser.parse_args(argv)

@@ -189,11 +189,11 @@ class _ChunkRun:
             while self.waiting or self.in_engine or self.storing:
                 self._feed()
                 pending = [*self.in_engine, *self.storing]
+                # nothing pending: every slot of the worker was taken by other chunks (_feed waited)
                 if pending:
-                    done, _ = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-                else:  # every slot of the worker is taken by other chunks
-                    time.sleep(POLL_S / 5)
-                    done = set()
+                    wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                # done() also holds for a cancelled future, which wait() does not report
+                done = [f for f in pending if f.done()]
                 for future in done:
                     if future in self.in_engine:
                         self._engine_done(future)
@@ -212,9 +212,15 @@ class _ChunkRun:
             if self.attempt.outcome == Outcome.REQUEUE or runtime.is_stopping:
                 self._give_back_waiting()
                 return
-            if not runtime.take_slot():
+            # a chunk with nothing else to wait for blocks on a slot; otherwise it only takes free ones
+            if not runtime.take_slot(0.0 if self.in_engine or self.storing else POLL_S):
                 return
             job = self.waiting.popleft()
+            if runtime.is_lost(job):  # cancelled (or its lease taken) while it waited: never runs
+                runtime.give_slot()
+                runtime.drop(job)
+                self.attempt.counts["cancelled or lease lost"] += 1
+                continue
             now = time.monotonic()
             try:
                 runtime.begin_run(job)

@@ -419,9 +419,10 @@ class WorkerRuntime:
         with self._running_lock:
             return job.id in self._lost
 
-    def take_slot(self) -> bool:
-        """One of the worker's chunk slots (requests of chunks in the engine at once), if free."""
-        return self._chunk_slots.acquire(blocking=False)
+    def take_slot(self, timeout_s: float = 0.0) -> bool:
+        """One of the worker's chunk slots (requests of chunks in the engine at once), if one is
+        free within ``timeout_s`` seconds."""
+        return self._chunk_slots.acquire(timeout=timeout_s) if timeout_s > 0 else self._chunk_slots.acquire(False)
 
     def give_slot(self) -> None:
         self._chunk_slots.release()

@@ -130,3 +130,73 @@ def test_a_poison_job_inside_a_chunk_fails_alone_and_the_others_succeed(start_wo
     assert with_status(table, JobStatus.SUCCEEDED) == {f"job-{i}" for i in range(num_jobs) if i != 3}
     ids = {j.custom_id: str(j.id) for j in client.jobs(batch_id)}
     assert all(runs()[ids[c]] <= table[c][1] for c in table)
+
+
+def test_cancel_mid_chunk_aborts_the_running_jobs_and_runs_no_more(start_worker, client, hooked, slow_model_dir):
+    env, runs = hooked
+    num_jobs = 16
+    # cancel noticed within 0.2 s; a job takes ~3 s on the slow model
+    worker = start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CANCEL_POLL_INTERVAL_S="0.2", WEIR_CONCURRENCY="2",
+                          WEIR_MAX_NUM_SEQS="2")
+    batch_id = bulk(client, num_jobs, max_tokens=480)
+    wait_until(lambda: len(runs()) >= 2, what="jobs in the engine")
+    at_cancel = dict(runs())
+    client.cancel(batch_id)
+    final = client.wait(batch_id, timeout_s=60)
+    assert (final.status, final.num_cancelled, final.num_succeeded) == (BatchStatus.CANCELLED, num_jobs, 0)
+    # both chunks end (their messages acked), every job counted as cancelled, none run after the cancel
+    wait_until(lambda: worker.log().count(f"chunk of {CHUNK} jobs: {CHUNK} cancelled or lease lost") == 2,
+               timeout_s=30, what="both chunks to end")
+    assert dict(runs()) == at_cancel
+    assert with_status(rows(client, batch_id), JobStatus.CANCELLED) == {f"job-{i}" for i in range(num_jobs)}
+
+
+def test_a_chunk_message_lost_before_any_claim_is_recovered_by_the_sweeper(start_worker, client, hooked, effects):
+    env, runs = hooked
+    num_jobs = 3 * CHUNK
+    batch_id = bulk(client, num_jobs, max_tokens=1)
+    r = redis.Redis.from_url(client.settings.worker.broker_url)
+    priority_list = [k for k in r.keys(f"{client.queue}\x06\x16*") if r.llen(k)][0]
+    assert r.llen(priority_list) == 3
+    r.rpop(priority_list)  # the oldest chunk's message is gone
+    grace_s = 1.0
+    start_worker(**env)
+    deadline = time.monotonic() + 60
+    republished = 0
+    while not client.batch_status(batch_id).status.is_finished:  # what beat does
+        assert time.monotonic() < deadline, "the lost chunk's jobs were not recovered"
+        republished += client.sweep(older_than_s=grace_s)
+        time.sleep(0.5)
+    assert republished == CHUNK
+    assert_each_succeeded_once(client, batch_id, num_jobs)
+    ids = [j.id for j in client.jobs(batch_id)]
+    assert set(runs()[str(i)] for i in ids) == {1}
+    assert set(effects("jobs", ids).values()) == {1}
+
+
+def test_a_killed_engine_core_mid_chunk_gives_the_jobs_back_and_another_worker_drains(
+        start_worker, client, hooked, effects, slow_model_dir):
+    from tests.worker.test_pipeline_faults import engine_core_pid
+
+    env, runs = hooked
+    num_jobs = 2 * CHUNK
+    settings = dict(env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="4")
+    worker = start_worker(**settings)
+    batch_id = bulk(client, num_jobs, max_tokens=400)  # ~2.5 s each on the slow model
+    wait_until(lambda: len(runs()) >= 4, what="jobs in the engine")
+    os.kill(engine_core_pid(worker), signal.SIGKILL)
+    assert worker.proc.wait(60) == 70
+    at_exit = rows(client, batch_id)
+    assert with_status(at_exit, JobStatus.RUNNING) == set()  # every lease was given back
+    assert {row[1] for row in at_exit.values()} == {0}  # and no start counted: not the jobs' fault
+    interrupted = set(runs())
+    assert interrupted
+
+    start_worker(**settings)
+    client.wait(batch_id, timeout_s=180)
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    assert {row[1] for row in table.values()} == {1}
+    counted = runs()
+    assert {counted[i] for i in interrupted} == {2}
+    ids = [j.id for j in client.jobs(batch_id)]
+    assert set(effects("jobs", ids).values()) == {1}
