@@ -104,6 +104,9 @@ class WorkerRuntime:
         # the next step's requests waiting, few enough that a queued request's timeout is not
         # spent waiting behind a whole backlog
         self._chunk_slots = threading.BoundedSemaphore(CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs)
+        threads = settings.worker.concurrency or settings.engine.max_num_seqs
+        self.max_chunks = max(1, threads // 2)
+        self._num_chunks = 0
 
     @property
     def model_name(self) -> str:
@@ -418,6 +421,19 @@ class WorkerRuntime:
         """Whether ``job`` was cancelled or its lease lost while this process held it."""
         with self._running_lock:
             return job.id in self._lost
+
+    def enter_chunk(self) -> bool:
+        """Take one of the worker's chunk places (at most half its task threads run chunks, so
+        the others stay free for single and interactive jobs); False when all are taken."""
+        with self._running_lock:
+            if self._num_chunks >= self.max_chunks:
+                return False
+            self._num_chunks += 1
+            return True
+
+    def leave_chunk(self) -> None:
+        with self._running_lock:
+            self._num_chunks -= 1
 
     def take_slot(self, timeout_s: float = 0.0) -> bool:
         """One of the worker's chunk slots (requests of chunks in the engine at once), if one is

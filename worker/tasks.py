@@ -22,6 +22,8 @@ from weir.worker.runtime import get_runtime
 logger = logging.getLogger(__name__)
 
 MAX_ERROR_BACKOFF_S = 300
+CHUNK_WAIT_S = 1
+"""A chunk that finds every chunk place of its worker taken comes back after this long (s)."""
 
 
 @app.task(name=names.RUN_JOB, bind=True, max_retries=None, typing=False)
@@ -66,6 +68,9 @@ def run_chunk(self, *args, **kwargs) -> None:
     """Run the job rows named by the message's arguments (job ids of one bulk batch) and store
     their results, each as it finishes (:func:`weir.worker.chunk.run_chunk_attempt`). Acked once
     every job has a stored outcome or was published again as a ``run_job`` message of its own.
+    At most half the worker's task threads run chunks (``WorkerRuntime.enter_chunk``); a chunk
+    that finds no place is retried after ``CHUNK_WAIT_S`` (an ETA message, which holds no
+    thread), so single and interactive jobs always find threads free.
 
     Raises:
         celery.exceptions.Reject: the engine is shutting down or failed, or the database stayed
@@ -82,12 +87,16 @@ def run_chunk(self, *args, **kwargs) -> None:
         dead_letter(runtime, body={"args": list(args), "kwargs": kwargs}, reason=str(exc),
                     queue=delivery.get("routing_key"), task=self.name, message_id=self.request.id)
         return
+    if not runtime.enter_chunk():  # half the threads run chunks: wait as an ETA message, holding none
+        raise self.retry(countdown=CHUNK_WAIT_S)
     try:
         attempt = run_chunk_attempt(runtime, job_ids, worker=self.request.hostname or "")
     except Exception as exc:  # never ack without stored outcomes: back to the queue, later
         countdown_s = get_exponential_backoff_interval(1, self.request.retries, MAX_ERROR_BACKOFF_S)
         logger.exception("chunk of %d jobs: unexpected error; published again in %ds", len(job_ids), countdown_s)
         raise self.retry(countdown=countdown_s, exc=exc)
+    finally:
+        runtime.leave_chunk()
     for job_id, countdown_s in attempt.republish:  # before the ack: a crash here redelivers the chunk
         run_job.apply_async(args=[str(job_id)], countdown=countdown_s or None,
                             queue=delivery.get("routing_key"), priority=delivery.get("priority"))
