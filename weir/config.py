@@ -97,7 +97,7 @@ class WorkerSettings(_WeirSettings):
     cancel_poll_interval_s: float = Field(2.0, gt=0, description="a running job checks for cancel this often")
     lease_s: float = Field(30.0, gt=0, description="a claim's lease, renewed while the job runs, seconds")
     bulk_chunk_size: int = Field(
-        64, ge=1, description="a bulk batch (priority above 0) is published as one message per this many jobs; "
+        256, ge=1, description="a bulk batch (priority above 0) is published as one message per this many jobs; "
         "1: one message per job")
     commit_max_jobs: int = Field(256, gt=0, description="group commit: the most jobs one transaction writes")
     commit_max_wait_s: float = Field(0.005, ge=0, description="group commit: wait this long for more jobs")

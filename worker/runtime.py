@@ -104,9 +104,16 @@ class WorkerRuntime:
         # the next step's requests waiting, few enough that a queued request's timeout is not
         # spent waiting behind a whole backlog
         self._chunk_slots = threading.BoundedSemaphore(CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs)
+        # chunks a worker runs at once: enough to fill its engine places and have the next chunk
+        # claimed (more would only hold claimed jobs other workers could run); threads holding a
+        # chunk, running or waiting to: at most half (the others stay free for single jobs)
         threads = settings.worker.concurrency or settings.engine.max_num_seqs
-        self.max_chunks = max(1, threads // 2)
+        places = CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs
+        self.max_chunk_threads = max(1, threads // 2)
+        self.max_chunks = max(1, min(self.max_chunk_threads, -(-places // settings.worker.bulk_chunk_size) + 1))
         self._num_chunks = 0
+        self._chunk_threads = 0
+        self._chunk_cv = threading.Condition()
 
     @property
     def model_name(self) -> str:
@@ -423,17 +430,25 @@ class WorkerRuntime:
             return job.id in self._lost
 
     def enter_chunk(self) -> bool:
-        """Take one of the worker's chunk places (at most half its task threads run chunks, so
-        the others stay free for single and interactive jobs); False when all are taken."""
-        with self._running_lock:
-            if self._num_chunks >= self.max_chunks:
+        """Begin a chunk on this thread: False when half the task threads already hold chunks
+        (the others stay free for single and interactive jobs). Otherwise wait until fewer than
+        :attr:`max_chunks` chunks run (enough to fill the engine's places, and one more; the
+        worker claims no more jobs than it can feed), or until the worker stops; then True, and
+        :meth:`leave_chunk` must follow."""
+        with self._chunk_cv:
+            if self._chunk_threads >= self.max_chunk_threads:
                 return False
+            self._chunk_threads += 1
+            while self._num_chunks >= self.max_chunks and not self._stopping:
+                self._chunk_cv.wait(0.5)
             self._num_chunks += 1
             return True
 
     def leave_chunk(self) -> None:
-        with self._running_lock:
+        with self._chunk_cv:
             self._num_chunks -= 1
+            self._chunk_threads -= 1
+            self._chunk_cv.notify()
 
     def take_slot(self, timeout_s: float = 0.0) -> bool:
         """One of the worker's chunk slots (requests of chunks in the engine at once), if one is

@@ -68,8 +68,9 @@ def run_chunk(self, *args, **kwargs) -> None:
     """Run the job rows named by the message's arguments (job ids of one bulk batch) and store
     their results, each as it finishes (:func:`weir.worker.chunk.run_chunk_attempt`). Acked once
     every job has a stored outcome or was published again as a ``run_job`` message of its own.
-    At most half the worker's task threads run chunks (``WorkerRuntime.enter_chunk``); a chunk
-    that finds no place is retried after ``CHUNK_WAIT_S`` (an ETA message, which holds no
+    A worker runs only the chunks that fill its engine, and one more (the next waits on its
+    thread), on at most half its task threads (``WorkerRuntime.enter_chunk``); a chunk that finds
+    half the threads taken is retried after ``CHUNK_WAIT_S`` (an ETA message, which holds no
     thread), so single and interactive jobs always find threads free.
 
     Raises:
@@ -87,7 +88,7 @@ def run_chunk(self, *args, **kwargs) -> None:
         dead_letter(runtime, body={"args": list(args), "kwargs": kwargs}, reason=str(exc),
                     queue=delivery.get("routing_key"), task=self.name, message_id=self.request.id)
         return
-    if not runtime.enter_chunk():  # half the threads run chunks: wait as an ETA message, holding none
+    if not runtime.enter_chunk():  # half the threads hold chunks: wait as an ETA message, holding none
         raise self.retry(countdown=CHUNK_WAIT_S)
     try:
         attempt = run_chunk_attempt(runtime, job_ids, worker=self.request.hostname or "")
