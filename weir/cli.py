@@ -74,6 +74,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         except MetricsPortUnavailable as exc:
             print(f"weir worker: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    if settings.worker.engine_multiprocessing:  # CPUs this host lacks: one line before the model loads
+        from weir.worker.placement import plan
+
+        try:
+            plan(settings.worker.cpu_omp_threads_bind, settings.worker.cpu_num_of_reserved_cpu)
+        except ValueError as exc:
+            print(f"weir worker: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     problem = _ensure_schema(settings)
     if problem:
         print(f"weir worker: {problem}", file=sys.stderr)

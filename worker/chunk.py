@@ -129,7 +129,7 @@ def run_chunk_attempt(runtime: WorkerRuntime, job_ids: list[uuid.UUID], *, worke
         raise error
     attempt = ChunkAttempt(Outcome.DONE)
     if len(unfinished) < len(job_ids):
-        attempt.counts["finished before"] += len(job_ids) - len(unfinished)
+        attempt.counts["finished or unknown"] += len(job_ids) - len(unfinished)
     for claim in claims:
         if claim.status == ClaimStatus.HELD:  # a duplicate delivery: it runs elsewhere
             attempt.republish.append((claim.job_id, _lease_wait_s(claim, runtime.settings.worker.lease_s)))

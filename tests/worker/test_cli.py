@@ -373,6 +373,19 @@ def test_worker_on_a_busy_metrics_port_is_one_line_before_the_model_loads(redis_
     assert not (tmp_path / "weir.db").exists()  # refused before the database was touched
 
 
+@pytest.mark.parametrize("setting, value, message", [
+    ("WEIR_CPU_OMP_THREADS_BIND", "4096", "WEIR_CPU_OMP_THREADS_BIND='4096' names CPUs this process may not use: 4096"),
+    ("WEIR_CPU_NUM_OF_RESERVED_CPU", "4096", "WEIR_CPU_NUM_OF_RESERVED_CPU=4096 leaves the engine core no CPU"),
+])
+def test_cpus_this_host_lacks_are_one_line_before_the_model_loads(redis_url, tmp_path, setting, value, message):
+    env = {"WEIR_BROKER_URL": redis_url, setting: value, "WEIR_MODEL": str(tmp_path / "none.gguf"),
+           "WEIR_DATABASE_URL": f"sqlite:///{tmp_path / 'weir.db'}"}
+    done = weir("worker", env_overrides=env, cwd=str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"weir worker: {message}") and done.stderr.count("\n") == 1
+    assert not (tmp_path / "weir.db").exists()  # refused before the database was touched
+
+
 def test_sweep_and_enrich_with_a_bad_broker_url_are_one_line(postgres_url, tmp_path):
     env = {"WEIR_BROKER_URL": "redis://127.0.0.1:1/0", "WEIR_DATABASE_URL": postgres_url}
     assert_one_line_error(weir("sweep", env_overrides=env),
