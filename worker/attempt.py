@@ -130,14 +130,8 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
     except DatabaseUnavailable as exc:
         return Attempt(Outcome.REQUEUE, str(exc))
     if claim.status == ClaimStatus.HELD:
-        wait_s = 1.0
-        if claim.lease_expires_at is not None:
-            expires = claim.lease_expires_at
-            if expires.tzinfo is None:  # SQLite keeps no zone; every stored time is UTC
-                expires = expires.replace(tzinfo=utcnow().tzinfo)
-            wait_s = (expires - utcnow()).total_seconds() + 1.0
         return Attempt(Outcome.RETRY, "held under another claim's live lease (a duplicate delivery)",
-                       min(max(1.0, wait_s), settings.lease_s + 1.0))
+                       held_wait_s(claim, settings.lease_s))
     if claim.status != ClaimStatus.CLAIMED:
         return Attempt(Outcome.DONE, f"nothing to run ({claim.status.value})")
     job = claim.job
@@ -154,12 +148,12 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
             # An engine failure is not the job's, and a job that never reached the engine did not
             # start: either start is given back, not counted.
             refund = isinstance(exc, EngineFailed) or not exc.started
-            _release(writer, job, refund_attempt=refund)
+            release_lease(writer, job, refund_attempt=refund)
             what = "engine step failed" if isinstance(exc, EngineFailed) else "engine stopping"
             return Attempt(Outcome.REQUEUE, f"{what}: {exc}")
         except JobTimedOut as exc:
             if job.attempts < settings.max_attempts:
-                _release(writer, job)
+                release_lease(writer, job)
                 return Attempt(Outcome.RETRY, str(exc), get_exponential_backoff_interval(1, job.attempts, 60))
             result = JobResult.failure(f"JobTimedOut: {exc} on each of {job.attempts} attempts")
         try:
@@ -174,7 +168,19 @@ def run_attempt(runtime: WorkerRuntime, job_id: uuid.UUID, *, worker: str) -> At
         runtime.drop(job)
 
 
-def _release(writer: Any, job: Job, *, refund_attempt: bool = False) -> None:
+def held_wait_s(claim: Any, lease_s: float) -> float:
+    """Seconds until a HELD claim's lease would have expired, plus one (1 to ``lease_s + 1``):
+    when a duplicate delivery should look again."""
+    wait_s = 1.0
+    if claim.lease_expires_at is not None:
+        expires = claim.lease_expires_at
+        if expires.tzinfo is None:  # SQLite keeps no zone; every stored time is UTC
+            expires = expires.replace(tzinfo=utcnow().tzinfo)
+        wait_s = (expires - utcnow()).total_seconds() + 1.0
+    return min(max(1.0, wait_s), lease_s + 1.0)
+
+
+def release_lease(writer: Any, job: Job, *, refund_attempt: bool = False) -> None:
     """Give the lease back so the requeued message can claim the job at once; should the
     database not answer, the lease expires by itself after ``WEIR_LEASE_S``."""
     try:

@@ -34,10 +34,10 @@ from typing import Any, Optional
 
 from celery.utils.time import get_exponential_backoff_interval
 
-from weir.jobs.db import Job, JobKind, JobStatus, utcnow
+from weir.jobs.db import Job, JobKind, JobStatus
 from weir.jobs.schemas import parse_request
 from weir.jobs.store import ClaimStatus, JobResult
-from weir.worker.attempt import MalformedMessage, Outcome, with_db_retry
+from weir.worker.attempt import MalformedMessage, Outcome, held_wait_s, release_lease, with_db_retry
 from weir.worker.group_commit import DatabaseUnavailable
 from weir.worker.runtime import WorkerRuntime
 
@@ -123,7 +123,7 @@ def run_chunk_attempt(runtime: WorkerRuntime, job_ids: list[uuid.UUID], *, worke
     claimed = [c.job for c in claims if c.status == ClaimStatus.CLAIMED]
     if error is not None:
         for job in claimed:
-            _release(writer, job, refund_attempt=True)
+            release_lease(writer, job, refund_attempt=True)
         if isinstance(error, DatabaseUnavailable):
             return ChunkAttempt(Outcome.REQUEUE, str(error))
         raise error
@@ -132,7 +132,7 @@ def run_chunk_attempt(runtime: WorkerRuntime, job_ids: list[uuid.UUID], *, worke
         attempt.counts["finished or unknown"] += len(job_ids) - len(unfinished)
     for claim in claims:
         if claim.status == ClaimStatus.HELD:  # a duplicate delivery: it runs elsewhere
-            attempt.republish.append((claim.job_id, _lease_wait_s(claim, runtime.settings.worker.lease_s)))
+            attempt.republish.append((claim.job_id, held_wait_s(claim, runtime.settings.worker.lease_s)))
             attempt.counts["held elsewhere"] += 1
         elif claim.status != ClaimStatus.CLAIMED:
             attempt.counts[f"nothing to run ({claim.status.value})"] += 1
@@ -140,23 +140,6 @@ def run_chunk_attempt(runtime: WorkerRuntime, job_ids: list[uuid.UUID], *, worke
     if attempt.outcome == Outcome.DONE:
         attempt.reason = ", ".join(f"{n} {what}" for what, n in sorted(attempt.counts.items()))
     return attempt
-
-
-def _lease_wait_s(claim: Any, lease_s: float) -> float:
-    wait_s = 1.0
-    if claim.lease_expires_at is not None:
-        expires = claim.lease_expires_at
-        if expires.tzinfo is None:  # SQLite keeps no zone; every stored time is UTC
-            expires = expires.replace(tzinfo=utcnow().tzinfo)
-        wait_s = (expires - utcnow()).total_seconds() + 1.0
-    return min(max(1.0, wait_s), lease_s + 1.0)
-
-
-def _release(writer: Any, job: Job, *, refund_attempt: bool = False) -> None:
-    try:
-        writer.release(job, refund_attempt=refund_attempt)
-    except Exception as exc:
-        logger.warning("job %s: lease not given back (%s); it expires by itself", job.id, exc)
 
 
 @dataclass
@@ -317,7 +300,7 @@ class _ChunkRun:
         job = run.job
         why = f"no result after {self.timeout_s:g}s (WEIR_JOB_TIMEOUT_S); aborted"
         if job.attempts < self.max_attempts:
-            _release(self.writer, job)
+            release_lease(self.writer, job)
             self.runtime.drop(job)
             countdown = get_exponential_backoff_interval(1, job.attempts, 60)
             logger.warning("job %s: %s; published again alone in %ds", job.id, why, countdown)
@@ -363,7 +346,7 @@ class _ChunkRun:
         """The job goes back with the whole message, its lease given back (``refund``: its start
         not counted, for an engine failure or a start that never reached the engine)."""
         if release:
-            _release(self.writer, job, refund_attempt=refund)
+            release_lease(self.writer, job, refund_attempt=refund)
         self.runtime.drop(job)
         self.attempt.outcome = Outcome.REQUEUE
         self.attempt.reason = why
