@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from weir import migrations
+    from weir.jobs import names
     from weir.jobs.client import Client
     from weir.jobs.testing import temporary_postgres_database
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             batch_id = client.enqueue_batch(generation_requests(args.jobs), chunk_size=args.chunk_size)
             wall_s = time.perf_counter() - started
             rss_mb = peak_rss_mb()
-            num_messages = broker.llen(queue)
+            num_messages = broker.llen(names.interactive_queue(queue))  # a priority-0 batch's
             redis_after = broker.info("memory")["used_memory"]
             status = client.batch_status(batch_id)
         finally:

@@ -19,7 +19,8 @@ one run:
   ``WEIR_STRICT_PRIORITY=true`` (bulk requests are held while an interactive one runs).
 
 Printed: p50 and p99 per phase (p99 of 30 probes is their maximum but one, interpolated) and the
-ratio to idle; the target is p99 under bulk load at most 2x idle. Then the median of each stage
+ratio to the same worker's idle phase; the target is p99 under bulk load at most 2x idle, the bulk
+batch taking at most 10 % longer than the same batch without probes (run just before). Then the median of each stage
 (ms): ``claim`` (batch created to the job claimed by the worker: Redis, a task thread, the claim
 transaction), ``run`` (claimed to the job's result stored: the engine and the result write),
 ``close`` (the result stored to the batch finished).
@@ -86,20 +87,24 @@ def run(args: argparse.Namespace) -> int:
 
     workdir = tempfile.mkdtemp(prefix="weir-priority-")
     model_dir = save_tiny_chat_model(os.path.join(workdir, "tiny-chat-llama"))
-    # one worker per engine mode, in turn: (label, WEIR_STRICT_PRIORITY, bulk phases)
-    modes = [("", False, [("bulk, priority", BULK_PRIORITY)]
+    # one worker per engine mode, in turn: (label, its settings beyond the defaults, bulk phases)
+    modes = [("", {}, [("bulk, priority", BULK_PRIORITY)]
               + ([("bulk, no priority", 0)] if args.fcfs_baseline else [])),
-             ("strict ", True, [("bulk, priority", BULK_PRIORITY)])]
+             ("not strict ", {"WEIR_SCHEDULING_POLICY": "priority", "WEIR_STRICT_PRIORITY": "false"},
+              [("bulk, priority", BULK_PRIORITY)]),
+             ("fcfs ", {"WEIR_SCHEDULING_POLICY": "fcfs"}, [("bulk, priority", BULK_PRIORITY)])]
     rows = []
-    for label, strict, phases in modes:
+    for label, overrides, phases in modes:
         queue = f"weir.priority-{uuid.uuid4().hex[:8]}"
         with temporary_postgres_database(POSTGRES_ADMIN_URL, prefix="weir_priority_") as database_url:
             migrations.upgrade(database_url)
             env = worker_env(broker_url=args.redis_url, queue=queue, database_url=database_url, model=model_dir,
                              concurrency=args.concurrency or args.max_num_seqs, python_path=[REPO_ROOT],
-                             WEIR_SCHEDULING_POLICY="priority", WEIR_STRICT_PRIORITY=str(strict).lower(),
                              WEIR_MAX_NUM_SEQS=args.max_num_seqs,
-                             WEIR_MAX_NUM_BATCHED_TOKENS=args.max_num_batched_tokens)
+                             WEIR_MAX_NUM_BATCHED_TOKENS=args.max_num_batched_tokens, **overrides)
+            for name in ("WEIR_SCHEDULING_POLICY", "WEIR_STRICT_PRIORITY", "WEIR_INTERACTIVE_CONCURRENCY"):
+                if name not in overrides:
+                    env.pop(name, None)  # the worker's defaults
             client = Client(Settings(engine=EngineSettings(model=model_dir),
                                      worker=WorkerSettings(broker_url=args.redis_url, queue=queue),
                                      database=DatabaseSettings(database_url=database_url)))
@@ -114,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
                     bulk = [GenerateRequest(prompt=f"Product {i}: describe it.", temperature=0,
                                             max_tokens=args.max_tokens) for i in range(args.bulk)]
                     started = time.monotonic()
+                    client.wait(client.enqueue_batch(bulk, priority=priority), timeout_s=3600)
+                    alone_s = time.monotonic() - started  # the same batch without probes
+                    started = time.monotonic()
                     batch_id = client.enqueue_batch(bulk, priority=priority)
                     time.sleep(1.0)  # the worker's threads and engine fill with bulk jobs first
                     stages = []
@@ -121,13 +129,15 @@ def run(args: argparse.Namespace) -> int:
                                                 busy=lambda: not client.batch_status(batch_id).status.is_finished)
                     still_running = not client.batch_status(batch_id).status.is_finished
                     client.wait(batch_id, timeout_s=3600)
-                    rows.append((label + name, latencies, stages, (time.monotonic() - started, still_running)))
+                    rows.append((label + name, latencies, stages,
+                                 (time.monotonic() - started, still_running, alone_s)))
             finally:
                 worker.kill()
                 client.close()
                 delete_queue_keys(redis.Redis.from_url(args.redis_url), queue)
 
-    idle_p50, idle_p99 = percentile(rows[0][1], 0.5), percentile(rows[0][1], 0.99)
+    idle = {name[:-len("idle")]: (percentile(lat, 0.5), percentile(lat, 0.99))
+            for name, lat, _, _ in rows if name.endswith("idle")}
     print(f"{args.bulk} bulk jobs, max_tokens {args.max_tokens}, WEIR_MAX_NUM_SEQS {args.max_num_seqs}, "
           f"WEIR_MAX_NUM_BATCHED_TOKENS {args.max_num_batched_tokens}, "
           f"{args.concurrency or args.max_num_seqs} task threads, {args.probes} probes per phase")
@@ -138,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:27s} no probe finished while the bulk batch ran")
             continue
         p50, p99 = percentile(lat, 0.5), percentile(lat, 0.99)
-        tail = "" if bulk is None else (f"batch took {bulk[0]:.1f} s; "
+        idle_p50, idle_p99 = next(v for label, v in sorted(idle.items(), key=lambda kv: -len(kv[0]))
+                                  if name.startswith(label))  # the same worker's idle phase
+        tail = "" if bulk is None else (f"batch took {bulk[0]:.1f} s, {bulk[0] / bulk[2]:.2f}x its {bulk[2]:.1f} s "
+                                        "without probes; "
                                         f"{'still running after the last probe' if bulk[1] else 'ended before the last probe'}")
         claim, ran, close = (1e3 * statistics.median(s[k] for s in stages) for k in range(3))
         print(f"{name:27s} {len(lat):6d} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / idle_p50:8.2f} {p99 / idle_p99:8.2f} "

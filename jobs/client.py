@@ -347,10 +347,13 @@ class Client:
             chunk_size: requests per transaction and messages per round trip (at least 1).
             priority: every job's priority (vLLM's meaning: lower runs first), stored in its
                 request and given to the engine; None keeps each request's own (default
-                :data:`~weir.jobs.schemas.INTERACTIVE_PRIORITY`, 0). The batch's messages go to
-                the broker's priority level :func:`broker_priority` of it, so a worker takes a
-                level-0 message before any waiting bulk one
-                (:data:`~weir.jobs.schemas.BULK_PRIORITY`, the catalog job's).
+                :data:`~weir.jobs.schemas.INTERACTIVE_PRIORITY`, 0). A batch above priority 0
+                (:data:`~weir.jobs.schemas.BULK_PRIORITY`, the catalog job's, is 9) is published
+                to the model's queue, ``WEIR_BULK_CHUNK_SIZE`` jobs to a message, at the
+                broker's priority level :func:`broker_priority` of it; any other batch one
+                message per job to the model's interactive queue
+                (:func:`weir.jobs.names.interactive_queue`), which workers consume in a
+                prefetch window of its own, so a single job never waits behind bulk messages.
 
         Returns:
             The batch's id.
@@ -400,6 +403,7 @@ class Client:
         try:
             bulk = priority is not None and priority > INTERACTIVE_PRIORITY
             self._publish_batch(celery_app, batch_id, timings.num_jobs, chunk_size,
+                                self.queue if bulk else names.interactive_queue(self.queue),
                                 broker_priority(INTERACTIVE_PRIORITY if priority is None else priority),
                                 self.settings.worker.bulk_chunk_size if bulk else 1)
         finally:
@@ -465,7 +469,7 @@ class Client:
             logger.exception("batch %s: cannot delete the batch left validating", batch_id)
 
     def _publish_batch(self, celery_app: Any, batch_id: uuid.UUID, num_jobs: int, chunk_size: int,
-                       message_priority: int = 0, jobs_per_message: int = 1) -> None:
+                       queue: str, message_priority: int = 0, jobs_per_message: int = 1) -> None:
         """Publish a stored batch's jobs chunk by chunk in batch-index order, each chunk stamped
         published just before it goes (a thread stamps the next chunk, in the database, while this
         one is published); on failure mark the rest unpublished and raise PublishError."""
@@ -477,7 +481,7 @@ class Client:
         num_published = 0
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="weir-stamp") as stamper, \
-                    JobPublisher(celery_app, self.queue, PUBLISH_RETRY_POLICY, message_priority,
+                    JobPublisher(celery_app, queue, PUBLISH_RETRY_POLICY, message_priority,
                                  jobs_per_message) as publisher:
                 next_ids = stamper.submit(stamp, 0)
                 while job_ids := next_ids.result():
@@ -564,12 +568,13 @@ class Client:
             return store.reconcile_batches(session)
 
     def num_waiting_messages(self) -> int:
-        """Messages waiting in the model's queue (not counting those workers hold unacked).
+        """Messages waiting in the model's queues (:func:`weir.jobs.names.job_queues`: bulk,
+        interactive and control; not counting those workers hold unacked).
 
         Raises:
             BrokerNotConfigured: no broker URL.
         """
-        return num_waiting_messages(self.celery_app, self.queue)
+        return sum(num_waiting_messages(self.celery_app, queue) for queue in names.job_queues(self.queue))
 
     def queue_consumers(self, timeout_s: float = 1.0) -> list[str]:
         """The workers that consume the model's queue, as Celery's remote control

@@ -47,6 +47,23 @@ def control_queue(queue: str) -> str:
     return queue + CONTROL_SUFFIX
 
 
+INTERACTIVE_SUFFIX = ".interactive"
+
+
+def interactive_queue(queue: str) -> str:
+    """The queue of a model queue's priority-0 jobs (single jobs, priority-0 batches): every
+    worker of the model consumes it on a channel and prefetch window of its own
+    (``WEIR_INTERACTIVE_CONCURRENCY``), so an interactive job never waits behind bulk chunks for a
+    place in the worker's window."""
+    return queue + INTERACTIVE_SUFFIX
+
+
+def job_queues(queue: str) -> list[str]:
+    """Every queue that carries a model queue's job messages: the queue itself (bulk chunks),
+    its interactive queue and its control queue (the sweeper's republished jobs)."""
+    return [queue, interactive_queue(queue), control_queue(queue)]
+
+
 def queue_for_model(model: Optional[str], override: Optional[str] = None) -> str:
     """Name of the Celery queue that serves ``model``: ``weir.<model name>`` unless overridden.
 

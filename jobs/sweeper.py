@@ -14,8 +14,10 @@ without re-publishing a backlog that is merely waiting:
   the oldest waiting message (now, for an empty queue) with the time it saw it; a queued job last
   published before the oldest message a sweep saw at least ``WEIR_SWEEP_AFTER_S`` ago has had
   that long to be claimed since the queue moved past it, so its message is lost. The grace
-  covers messages a worker has taken but not yet claimed. Messages the sweeper published go to the control queue; its oldest
-  waiting message bounds the horizon the same way.
+  covers messages a worker has taken but not yet claimed. Each list of the model's queues
+  (:func:`weir.jobs.names.job_queues`: bulk, interactive, and the control queue the sweeper
+  publishes to; one list per priority level) bounds the horizon the same way, the earliest
+  bound counting.
 
 Recovered messages go to the model's control queue (``<queue>.control``), which every worker also
 consumes, so they do not wait behind the backlog again. Bound: a lost message is published again
@@ -132,7 +134,7 @@ def take_lost_jobs(session: Any, connection: Any, *, model: str, queue: str, gra
     horizon = None
     if connection is not None:
         horizon = queued_horizon(session, connection, [
-            level for q in (queue, names.control_queue(queue)) for level in priority_lists(connection, q)], grace_s)
+            level for q in names.job_queues(queue) for level in priority_lists(connection, q)], grace_s)
     return store.take_jobs_to_publish(
         session, model=model, older_than=utcnow() - timedelta(seconds=grace_s), limit=limit,
         queued_before=None if horizon is None else horizon[0],

@@ -88,7 +88,11 @@ class WorkerSettings(_WeirSettings):
 
     broker_url: Optional[str] = Field(None, description="Redis URL, redis://host:port/db")
     queue: Optional[str] = Field(None, description="queue name; default derived from the model")
-    concurrency: Optional[int] = Field(None, gt=0, description="task threads; default max_num_seqs")
+    concurrency: Optional[int] = Field(None, gt=0, description="task threads and prefetch window of the model's "
+                                       "queue (bulk chunks); default max_num_seqs")
+    interactive_concurrency: Optional[int] = Field(
+        None, gt=0, description="task threads and prefetch window of the model's interactive queue (priority-0 "
+        "jobs, consumed on a channel of its own); default max_num_seqs")
     visibility_timeout_s: int = Field(3600, gt=0, description="Redis redelivers an unacked message this long after its fetch")
     job_timeout_s: float = Field(600.0, gt=0, description="one attempt of a job in the engine, seconds")
     max_attempts: int = Field(3, ge=1, description="attempts (deliveries that started the job) before it fails")

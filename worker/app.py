@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional, Union
 
-from celery import Celery, signals
+from celery import Celery, bootsteps, signals
 from celery.worker.consumer import Consumer
+from kombu import Consumer as Consumer_
 
 from weir.jobs import names
 from weir.config import Settings, get_settings
@@ -41,8 +42,22 @@ def model_queue(settings: Settings) -> str:
 
 
 def worker_concurrency(settings: Settings) -> int:
-    """Task threads of one worker: ``WEIR_CONCURRENCY``, else ``WEIR_MAX_NUM_SEQS``."""
+    """Prefetch window (and task threads) of the model's queue and control queue:
+    ``WEIR_CONCURRENCY``, else ``WEIR_MAX_NUM_SEQS``."""
     return settings.worker.concurrency or settings.engine.max_num_seqs
+
+
+def interactive_concurrency(settings: Settings) -> int:
+    """Prefetch window (and task threads) of the model's interactive queue:
+    ``WEIR_INTERACTIVE_CONCURRENCY``, else ``WEIR_MAX_NUM_SEQS``."""
+    return settings.worker.interactive_concurrency or settings.engine.max_num_seqs
+
+
+def pool_threads(settings: Settings) -> int:
+    """Task threads of one worker's threads pool: one per message either prefetch window may
+    hold (:func:`worker_concurrency` + :func:`interactive_concurrency`), so a message taken is
+    never queued inside the pool behind another lane's."""
+    return worker_concurrency(settings) + interactive_concurrency(settings)
 
 
 def transport_options(settings: Settings) -> dict:
@@ -89,7 +104,7 @@ def make_app(settings: Settings) -> Celery:
         **delivery_conf(settings),
         broker_connection_max_retries=None,  # a worker outlives any broker restart
         worker_consumer="weir.worker.app:DeadLetterConsumer",
-        worker_concurrency=worker_concurrency(settings),
+        worker_concurrency=pool_threads(settings),
         worker_send_task_events=True,  # Flower, `celery events`
         task_send_sent_event=settings.worker.task_send_sent_event,  # the nightly run's publishes
         beat_schedule=beat_schedule(settings),
@@ -97,10 +112,9 @@ def make_app(settings: Settings) -> Celery:
     )
     if settings.worker.broker_url:  # an unreadable list entry is a dead letter, not the worker's end
         app.conf.broker_transport = "weir.worker.transport:Transport"
+    app.steps["consumer"].add(InteractiveLane)
     return app
 
-
-app = make_app(get_settings())
 
 
 def make_worker(
@@ -114,10 +128,12 @@ def make_worker(
 ):
     """The Celery worker of ``weir worker`` and of the embedded mode, configured in one place.
 
-    Both consume the model's queue and its control queue (:func:`model_queue`) with
-    :func:`worker_concurrency` task threads of the threads pool, without mingle or gossip (a
-    worker needs nothing from its peers at start-up, and gossip costs every worker a message per
-    event of every other).
+    Both consume the model's queue and its control queue (:func:`model_queue`) in a prefetch
+    window of :func:`worker_concurrency` messages, and its interactive queue in one of
+    :func:`interactive_concurrency` messages on a channel of its own (:class:`InteractiveLane`),
+    with a thread of the threads pool for each (:func:`pool_threads`), without mingle or gossip
+    (a worker needs nothing from its peers at start-up, and gossip costs every worker a message
+    per event of every other).
 
     Args:
         celery_app: the app whose tasks to run (:data:`app`).
@@ -137,11 +153,14 @@ def make_worker(
     options = dict(
         hostname=hostname,
         pool="threads",
-        concurrency=worker_concurrency(settings),
+        concurrency=pool_threads(settings),
         queues=[queue, names.control_queue(queue)],
         loglevel=loglevel,
         without_mingle=True,
         without_gossip=True,
+        weir_queue_concurrency=worker_concurrency(settings),
+        weir_interactive_queue=names.interactive_queue(queue),
+        weir_interactive_concurrency=interactive_concurrency(settings),
     )
     if not embedded:
         return celery_app.Worker(**options)
@@ -151,11 +170,55 @@ def make_worker(
 
 
 class DeadLetterConsumer(Consumer):
-    """Celery's consumer, keeping undecodable messages in ``dead_letters`` before it acks them."""
+    """Celery's consumer, keeping undecodable messages in ``dead_letters`` before it acks them.
+
+    Its prefetch window (the model's queue and control queue) is :func:`worker_concurrency`
+    messages: Celery would size it to the whole pool, whose other threads are the interactive
+    lane's (:class:`InteractiveLane`)."""
+
+    def __init__(self, *args, worker_options=None, **kwargs):
+        threads = (worker_options or {}).get("weir_queue_concurrency")
+        if threads:  # a worker of make_worker
+            kwargs["initial_prefetch_count"] = threads * kwargs.get("prefetch_multiplier", 1)
+        super().__init__(*args, worker_options=worker_options, **kwargs)
 
     def on_decode_error(self, message, exc):
         _dead_letter(message, f"cannot decode the message body: {type(exc).__name__}: {exc}")
         super().on_decode_error(message, exc)
+
+
+class InteractiveLane(bootsteps.ConsumerStep):
+    """Consumes the model's interactive queue (:func:`weir.jobs.names.interactive_queue`:
+    single jobs and priority-0 batches) on a broker channel of its own, with a prefetch window of
+    its own (:func:`interactive_concurrency`), into the same task handler as Celery's consumer:
+    the messages are Celery task messages, run by the same pool (which has a thread for each),
+    acked late the same way, and seen by events, Flower and ``celery inspect`` as any task.
+    However many bulk chunks fill the model queue's window, an interactive message is taken
+    within one broker poll and its job starts on a free thread at once; with
+    ``WEIR_SCHEDULING_POLICY=priority`` the engine then steps it before bulk requests.
+
+    A Celery ``Consumer`` bootstep (``app.steps["consumer"]``), so it stops, closes its channel
+    (kombu then puts its unacked messages back) and starts again with Celery's consumer on a
+    broker reconnect or a warm shutdown."""
+
+    def __init__(self, c, weir_interactive_queue=None, weir_interactive_concurrency=None, **kwargs):
+        super().__init__(c, **kwargs)
+        self.enabled = bool(weir_interactive_queue)  # a worker of make_worker
+        self.queue_name = weir_interactive_queue
+        self.prefetch = weir_interactive_concurrency
+
+    def start(self, c):
+        self._consumer = c
+        super().start(c)
+
+    def get_consumers(self, channel):
+        c = self._consumer
+        return [Consumer_(channel, queues=[c.app.amqp.queues[self.queue_name]], on_message=c.create_task_handler(),
+                          on_decode_error=c.on_decode_error, accept=["json"],
+                          prefetch_count=self.prefetch * c.prefetch_multiplier)]
+
+
+app = make_app(get_settings())
 
 
 def _dead_letter(message, reason: str) -> None:

@@ -171,7 +171,7 @@ class WorkerRuntime:
 
         queue = model_queue(self.settings)
         self.metrics.watch_queues(lambda q: num_waiting_messages(app, q, timeout_s=2.0),
-                                  [queue, names.control_queue(queue)])
+                                  names.job_queues(queue))
 
     def _log_stats_loop(self, interval_s: float) -> None:
         """vLLM's periodic line (:class:`weir.engine.stats.LoggingStatLogger`) until shutdown."""

@@ -23,18 +23,20 @@ from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettin
 
 
 def published(celery_app, queue):
-    """Drain the memory queue: (task name, args) of every message."""
+    """Drain the memory queue ``queue`` and its interactive queue (where priority-0 jobs go):
+    (task name, args) of every message."""
     messages = []
     with celery_app.connection_for_read() as connection:
-        simple = connection.SimpleQueue(queue, no_ack=True)
-        while True:
-            try:
-                message = simple.get(timeout=0.05)
-            except simple.Empty:
-                break
-            args, kwargs, _ = message.decode()
-            messages.append((message.headers["task"], args, kwargs))
-        simple.close()
+        for name in (queue, names.interactive_queue(queue)):
+            simple = connection.SimpleQueue(name, no_ack=True)
+            while True:
+                try:
+                    message = simple.get(timeout=0.05)
+                except simple.Empty:
+                    break
+                args, kwargs, _ = message.decode()
+                messages.append((message.headers["task"], args, kwargs))
+            simple.close()
     return messages
 
 

@@ -31,9 +31,10 @@ def redis_client_and_queue(postgres_url, tiny_model_dir, redis_url, tmp_path):
     )
     client = Client(settings)
     r = redis_lib.Redis.from_url(redis_url)
-    yield client, r, queue
-    control = names.control_queue(queue)
-    r.delete(queue, control, *(f"_kombu.binding{kind}.{q}" for q in (queue, control) for kind in ("", "_permanent")))
+    # the lists of priority-0 messages (the interactive queue) and of the sweeper's
+    yield client, r, names.interactive_queue(queue)
+    queues = names.job_queues(queue)
+    r.delete(*queues, *(f"_kombu.binding{kind}.{q}" for q in queues for kind in ("", "_permanent")))
     client.close()
 
 
@@ -63,7 +64,7 @@ def test_a_lost_message_is_published_again_and_the_waiting_backlog_is_not(redis_
         assert store.claim_job(session, a1, worker="w", lease_s=60) is not None
     # The queue has moved past a0 (its oldest message is now b0's, published later): a0 is lost,
     # and published again to the control queue, ahead of the backlog.
-    control = names.control_queue(queue)
+    control = names.control_queue(client.queue)
     assert client.sweep(older_than_s=0) == 1
     assert [message_job(m) for m in r.lrange(control, 0, -1)] == [str(a0)]
     assert client.sweep(older_than_s=0) == 0  # a0 now waits too

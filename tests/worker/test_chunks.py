@@ -43,13 +43,13 @@ def bulk(client, num_jobs, max_tokens, prompt=lambda i: f"Product number {i}"):
         for i in range(num_jobs)], priority=BULK_PRIORITY)
 
 
-def messages(client):
-    """(task name, number of job ids) of every message waiting in the client's queue."""
+def messages(client, queue):
+    """(task name, number of job ids) of every message waiting in ``queue``."""
     import json
 
     raw = redis.Redis.from_url(client.settings.worker.broker_url)
     found = []
-    for key in [client.queue, *raw.keys(f"{client.queue}\x06\x16*")]:
+    for key in [queue, *raw.keys(f"{queue}\x06\x16*")]:
         if raw.type(key) != b"list":
             continue
         for entry in raw.lrange(key, 0, -1):
@@ -64,8 +64,28 @@ def messages(client):
 def test_a_bulk_batch_is_published_in_chunks_and_an_interactive_one_per_job(client):
     bulk(client, 20, max_tokens=1)
     client.enqueue_batch([GenerateRequest(prompt="Hello", max_tokens=1)] * 3)
-    assert sorted(messages(client)) == sorted([(names.RUN_CHUNK, 8), (names.RUN_CHUNK, 8), (names.RUN_CHUNK, 4)]
-                                              + [(names.RUN_JOB, 1)] * 3)
+    assert sorted(messages(client, client.queue)) == [(names.RUN_CHUNK, 4), (names.RUN_CHUNK, 8), (names.RUN_CHUNK, 8)]
+    assert messages(client, names.interactive_queue(client.queue)) == [(names.RUN_JOB, 1)] * 3
+    assert client.num_waiting_messages() == 6
+
+
+def test_an_interactive_job_runs_while_bulk_chunks_fill_the_queue_window(start_worker, client, hooked,
+                                                                        slow_model_dir):
+    env, runs = hooked
+    # one message in the model queue's window: a chunk holds it until its 8 jobs are stored
+    start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="1", WEIR_INTERACTIVE_CONCURRENCY="1",
+                 WEIR_MAX_NUM_SEQS="2", WEIR_SCHEDULING_POLICY="priority")
+    batch_id = bulk(client, 3 * CHUNK, max_tokens=64)  # ~0.4 s a job on the slow model
+    wait_until(lambda: len(runs()) >= 1, what="bulk jobs in the engine")
+    probe = client.enqueue_batch([GenerateRequest(prompt="Hello", max_tokens=1)])
+    client.wait(probe, timeout_s=60)
+    client.wait(batch_id, timeout_s=120)
+    assert_each_succeeded_once(client, batch_id, 3 * CHUNK)
+    with client.session_factory() as session:
+        bulk_done = sorted(session.scalars(select(Job.finished_at).where(Job.batch_id == batch_id)))
+        probe_done = session.scalar(select(Job.finished_at).where(Job.batch_id == probe))
+    # the probe neither waited for the first chunk's message to be acked nor for its jobs
+    assert probe_done < bulk_done[CHUNK - 1]
 
 
 def test_every_job_of_a_chunked_batch_runs_once_and_is_stored_once(start_worker, client, hooked, effects):

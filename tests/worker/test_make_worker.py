@@ -4,7 +4,7 @@ from celery.apps.worker import Worker
 from celery.worker import WorkController
 
 from weir.config import EngineSettings, Settings, WorkerSettings
-from weir.worker.app import make_app, make_worker, model_queue, worker_concurrency
+from weir.worker.app import InteractiveLane, make_app, make_worker, model_queue, worker_concurrency
 
 
 def _settings(**worker) -> Settings:
@@ -16,6 +16,16 @@ def test_queue_and_concurrency_come_from_the_settings():
     assert (model_queue(_settings(queue="q")), worker_concurrency(_settings(concurrency=2))) == ("q", 2)
 
 
+def test_each_lane_has_its_prefetch_window_and_a_thread_per_message_of_both():
+    settings = _settings(concurrency=3, interactive_concurrency=2)
+    worker = make_worker(make_app(settings), settings, hostname="weir-1@host", loglevel="INFO")
+    assert worker.concurrency == 5
+    consumer = worker.consumer
+    assert consumer.initial_prefetch_count == 3  # the model queue's window; Celery would give 5
+    lane = next(step for step in consumer.blueprint.steps.values() if isinstance(step, InteractiveLane))
+    assert (lane.enabled, lane.queue_name, lane.prefetch) == (True, "weir.Tiny.interactive", 2)
+
+
 def _consumed(worker) -> list[str]:
     return sorted(worker.app.amqp.queues.consume_from)
 
@@ -25,7 +35,7 @@ def test_the_command_line_worker():
     worker = make_worker(make_app(settings), settings, hostname="weir-1@host", loglevel="INFO")
     assert isinstance(worker, Worker)
     assert (worker.hostname, worker.concurrency, worker.pool_cls.__module__) == (
-        "weir-1@host", 3, "celery.concurrency.thread")
+        "weir-1@host", 3 + 6, "celery.concurrency.thread")  # + the interactive lane's threads
     assert _consumed(worker) == ["weir.Tiny", "weir.Tiny.control"]
 
 
@@ -36,7 +46,7 @@ def test_the_embedded_worker_is_the_same_without_signal_handlers():
                          embedded=True, ready_callback=ready.append)
     assert type(worker) is WorkController
     assert (worker.hostname, worker.concurrency, worker.pool_cls.__module__) == (
-        "embedded@host", 3, "celery.concurrency.thread")
+        "embedded@host", 3 + 6, "celery.concurrency.thread")
     assert _consumed(worker) == ["weir.Tiny", "weir.Tiny.control"]
     assert worker.ready_callback == ready.append
 

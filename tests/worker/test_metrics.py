@@ -301,6 +301,7 @@ def test_a_scrape_after_a_batch_has_exact_counts(start_worker, client, worker_en
     queue = worker_env["WEIR_QUEUE"]
     assert found[("weir:num_waiting_messages", (("queue", queue),))] == 0
     assert found[("weir:num_waiting_messages", (("queue", queue + ".control"),))] == 0
+    assert found[("weir:num_waiting_messages", (("queue", queue + ".interactive"),))] == 0
     # 7 claims and 7 outcomes, grouped into at least one transaction per lane
     for lane in ("claim", "finish"):
         assert 1 <= found[("weir:db_write_latency_seconds_count", (("lane", lane),))] <= 7

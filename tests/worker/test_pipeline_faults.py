@@ -294,6 +294,7 @@ def test_a_message_deleted_from_a_50000_job_backlog_is_recovered_and_the_backlog
     batch_id = client.enqueue_batch(GenerateRequest(prompt=f"Item {i}", custom_id=f"job-{i}", max_tokens=1)
                                     for i in range(num_jobs))
     r = redis_lib.Redis.from_url(redis_url)
+    queue = names.interactive_queue(queue)  # where a priority-0 batch's messages wait
     assert r.llen(queue) == num_jobs
     lost_message = r.lindex(queue, -1 - lost_index)  # the 50th oldest: gone from Redis
     assert r.lrem(queue, 1, lost_message) == 1
