@@ -79,3 +79,45 @@ def test_a_lost_message_is_published_again_and_the_waiting_backlog_is_not(redis_
     assert client.sweep(older_than_s=3600) == 0
     assert client.sweep(older_than_s=0) == 1
     assert [message_job(m) for m in r.lrange(control, 0, -1)] == [str(a0)]
+
+
+SWEEP_AT = """
+import sys, time
+from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+from weir.jobs.client import Client
+
+model, queue, broker_url, database_url, start_at = sys.argv[1:]
+client = Client(Settings(engine=EngineSettings(model=model), worker=WorkerSettings(queue=queue, broker_url=broker_url),
+                         database=DatabaseSettings(database_url=database_url)))
+client.celery_app.connection_for_write().ensure_connection()  # connected before the start
+time.sleep(max(0.0, float(start_at) - time.time()))
+print(client.sweep(older_than_s=3600, limit=100_000))
+"""
+
+
+def test_two_sweepers_at_once_publish_each_lost_job_once(redis_client_and_queue, postgres_url, redis_url):
+    """Two sweeper processes start the same instant over 20,000 jobs whose publish failed: each job
+    is published again exactly once (the sweeper's read takes rows ``FOR UPDATE SKIP LOCKED``)."""
+    import subprocess
+    import sys
+    import time
+
+    from sqlalchemy import update
+
+    from weir.jobs.db import Job
+
+    client, r, interactive = redis_client_and_queue
+    num_jobs = 20_000
+    batch_id = client.enqueue_batch(GenerateRequest(prompt=f"p{i}", custom_id=f"p{i}", max_tokens=1)
+                                    for i in range(num_jobs))
+    r.delete(interactive)  # the publish "failed": no message, published_at null
+    with client.session_factory.begin() as session:
+        session.execute(update(Job).where(Job.batch_id == batch_id).values(published_at=None))
+    start_at = time.time() + 8.0
+    sweepers = [subprocess.Popen([sys.executable, "-c", SWEEP_AT, client.settings.engine.model, client.queue,
+                                  redis_url, postgres_url, str(start_at)], stdout=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    counts = [int(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in sweepers]
+    published = [message_job(m) for m in r.lrange(names.control_queue(client.queue), 0, -1)]
+    assert sum(counts) == len(published)
+    assert sorted(published) == sorted(str(job.id) for job in client.jobs(batch_id))  # each once
