@@ -213,9 +213,38 @@ class InteractiveLane(bootsteps.ConsumerStep):
 
     def get_consumers(self, channel):
         c = self._consumer
-        return [Consumer_(channel, queues=[c.app.amqp.queues[self.queue_name]], on_message=c.create_task_handler(),
+        handler = c.create_task_handler()
+        return [Consumer_(channel, queues=[c.app.amqp.queues[self.queue_name]],
+                          on_message=lambda message: handler(_acked_quietly_once_closed(message)),
                           on_decode_error=c.on_decode_error, accept=["json"],
                           prefetch_count=self.prefetch * c.prefetch_multiplier)]
+
+    def _close(self, c, cancel_consumers=True):
+        # Celery's version passes c.connection to kombu's ignore_errors, and after a lost broker
+        # connection Celery has already set it to None: the channel would stay half closed.
+        for consumer in self.consumers or []:
+            if cancel_consumers:
+                _quietly(consumer.cancel)
+            if consumer.channel:
+                _quietly(consumer.channel.close)
+        self.consumers = None
+
+
+def _quietly(fun) -> None:
+    try:
+        fun()
+    except Exception as exc:  # a channel of a lost connection: nothing left to release
+        logger.debug("interactive lane: %s: %r", getattr(fun, "__qualname__", fun), exc)
+
+
+def _acked_quietly_once_closed(message):
+    """``message`` whose late ack or reject, after its channel went with a lost broker
+    connection (kombu then raises AttributeError), is logged instead of ending the worker: the
+    job's outcome is stored, and a message Redis still holds is redelivered to find it finished."""
+    ack, reject = message.ack_log_error, message.reject_log_error
+    message.ack_log_error = lambda log, errors, multiple=False: ack(log, (*errors, AttributeError), multiple)
+    message.reject_log_error = lambda log, errors, requeue=False: reject(log, (*errors, AttributeError), requeue)
+    return message
 
 
 app = make_app(get_settings())
