@@ -7,8 +7,7 @@ Started by the benchmark as::
 It reads the same ``WEIR_*`` variables as ``weir worker`` (through :mod:`weir.config`):
 ``WEIR_BROKER_URL``, ``WEIR_QUEUE`` and ``WEIR_DATABASE_URL``. Its delivery settings are weir's
 own (:func:`weir.worker.app.delivery_conf`: the Redis transport options, ``task_acks_late``,
-``task_reject_on_worker_lost``, ``worker_prefetch_multiplier=1``, JSON messages, no result
-backend). Its database engine is built the same way (:func:`weir.jobs.db.make_engine`, default pool).
+``worker_prefetch_multiplier=1``, JSON messages, no result backend). Its database engine is built the same way (:func:`weir.jobs.db.make_engine`, default pool).
 
 The task takes one id string, as ``weir.run_job`` does, and in one transaction upserts the row
 ``(id, output_text, finished_at)`` of :data:`TABLE` (created by the benchmark), stamping

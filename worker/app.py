@@ -2,8 +2,11 @@
 
 Delivery is at-least-once: a message is acknowledged only after its task has stored the result
 (``acks_late``), one message is reserved per thread (``worker_prefetch_multiplier=1``), and a
-message whose worker dies is redelivered (``task_reject_on_worker_lost``; on Redis after
-``WEIR_VISIBILITY_TIMEOUT_S``, counted from the fetch, or at once when the worker shuts down warm).
+message whose worker dies is redelivered by kombu's Redis transport, which keeps every fetched
+message in an unacked hash until its ack: ``WEIR_VISIBILITY_TIMEOUT_S`` after the fetch when the
+worker died, at once when it shuts down warm (its channels put their unacked messages back).
+Celery's ``task_reject_on_worker_lost`` is not used: it concerns a prefork child process that
+dies, and a weir worker runs its tasks on threads of one process, which dies whole.
 The worker reconnects to a lost broker forever. Warm shutdown gives running jobs
 ``WEIR_SHUTDOWN_TIMEOUT_S``, then aborts them and puts their messages back. Messages that are not
 weir's (undecodable, not a task, an unknown task) are kept in ``dead_letters``. Tasks store their
@@ -85,7 +88,6 @@ def delivery_conf(settings: Settings) -> dict:
     model's queue and the Redis transport options. ``bench.pipeline``'s baseline uses the same."""
     return dict(
         task_acks_late=True,
-        task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
         result_backend=None,

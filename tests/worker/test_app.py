@@ -37,3 +37,22 @@ def test_expired_messages_are_looked_for_every_quarter_visibility_timeout_at_mos
                              "unacked_mutex_key": "weir.SmolLM2-135M-Instruct.unacked_mutex"}
     assert options(8)["unacked_restore_interval"] == 2
     assert options(2)["unacked_restore_interval"] == 1
+
+
+def test_the_delivery_settings_a_worker_runs_with():
+    """What at-least-once delivery rests on, as the tasks see it: each job task acks late (after
+    its outcome is stored), one message is reserved per thread, messages are JSON, and Redis'
+    visibility timeout (the redelivery of a dead worker's messages) is the configured one, longer
+    than a lease, so a redelivery of a running job finds its lease live."""
+    import weir.worker.tasks  # noqa: F401  (registers the tasks)
+    from weir.jobs import names
+    from weir.worker.app import app, make_app
+
+    settings = Settings(worker=WorkerSettings(visibility_timeout_s=900, lease_s=20))
+    conf = make_app(settings).conf
+    assert (conf.task_acks_late, conf.worker_prefetch_multiplier, conf.task_serializer, conf.accept_content) == (
+        True, 1, "json", ["json"])
+    assert conf.broker_transport_options["visibility_timeout"] == 900 > settings.worker.lease_s
+    for name in (names.RUN_JOB, names.RUN_CHUNK):  # a task option would override the app's
+        assert app.tasks[name].acks_late is True
+    assert WorkerSettings().visibility_timeout_s > WorkerSettings().lease_s

@@ -230,3 +230,40 @@ def test_a_killed_engine_core_mid_chunk_gives_the_jobs_back_and_another_worker_d
     assert {counted[i] for i in interrupted} == {2}
     ids = [j.id for j in client.jobs(batch_id)]
     assert set(effects("jobs", ids).values()) == {1}
+
+
+@pytest.mark.parametrize("lane", ["interactive", "bulk chunks"])
+def test_a_killed_worker_whose_messages_are_never_redelivered_is_recovered_by_the_lease_sweep(
+        start_worker, client, hooked, effects, slow_model_dir, lane):
+    """A worker SIGKILLed with jobs ``running``, its messages held in Redis' unacked hash for the
+    whole visibility timeout (an hour): no redelivery brings them back. The sweeper's expired-lease
+    path does (and, for a chunk's unclaimed jobs, its queue-moved-past path); every job succeeds
+    once, engine runs per job at most its attempts."""
+    env, runs = hooked
+    num_jobs = 16
+    settings = dict(env, WEIR_MODEL=slow_model_dir, WEIR_LEASE_S="3", WEIR_CANCEL_POLL_INTERVAL_S="0.5",
+                    WEIR_CONCURRENCY="2", WEIR_INTERACTIVE_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    worker = start_worker(**settings)
+    requests = [GenerateRequest(prompt=f"Product number {i}", custom_id=f"job-{i}", temperature=0, max_tokens=64)
+                for i in range(num_jobs)]
+    batch_id = client.enqueue_batch(requests, priority=BULK_PRIORITY if lane == "bulk chunks" else None)
+    wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 2
+               and with_status(rows(client, batch_id), JobStatus.RUNNING), what="2 jobs done and more running")
+    os.kill(worker.proc.pid, signal.SIGKILL)  # a job takes ~0.4 s: the running ones are still running
+    worker.proc.wait(10)
+    interrupted = with_status(rows(client, batch_id), JobStatus.RUNNING)
+    assert interrupted  # the kill caught jobs running
+
+    start_worker(**settings)
+    republished = 0
+    deadline = time.monotonic() + 150
+    while not client.batch_status(batch_id).status.is_finished:  # what beat does, every 0.5 s here
+        assert time.monotonic() < deadline, "the killed worker's jobs were not recovered"
+        republished += client.sweep(older_than_s=1)
+        time.sleep(0.5)
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    assert republished >= len(interrupted)
+    ids = {j.custom_id: str(j.id) for j in client.jobs(batch_id)}
+    counted = runs()
+    assert {c: (counted[ids[c]], table[c][1]) for c in table if counted[ids[c]] > table[c][1]} == {}
+    assert set(effects("jobs", ids.values()).values()) == {1}
