@@ -19,8 +19,12 @@ JSON_VALUES = "not a JSON value (str, int, float, bool, None, list, dict)"
 
 
 def num_published(celery_app, queue):
+    """Messages waiting in ``queue`` and its interactive queue (where priority-0 jobs go)."""
+    from weir.jobs import names
+
     with celery_app.connection_for_read() as connection:
-        return connection.default_channel.queue_declare(queue, passive=False).message_count
+        return sum(connection.default_channel.queue_declare(name, passive=False).message_count
+                   for name in (queue, names.interactive_queue(queue)))
 
 
 def counts(client):
