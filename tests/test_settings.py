@@ -24,6 +24,10 @@ DEFAULTS_DIFFER = {
     # The environment cannot hold None: an empty WEIR_MODEL means the packaged model, and
     # Settings.engine_args() turns "" into EngineArgs' None.
     "model": ("", None),
+    # A worker serves interactive jobs beside bulk ones: it runs them first, strictly (vLLM's and
+    # the offline LLM's default is fcfs); None resolves to True with the priority policy.
+    "scheduling_policy": ("priority", "fcfs"),
+    "strict_priority": (None, False),
 }
 
 
@@ -50,7 +54,14 @@ def test_defaults_agree():
 
 
 def test_default_settings_build_the_default_engine_args():
-    assert EngineArgs(**Settings().engine_args()) == EngineArgs()
+    assert EngineArgs(**Settings().engine_args()) == EngineArgs(scheduling_policy="priority", strict_priority=True)
+
+
+def test_strict_priority_follows_the_policy_unless_set():
+    assert (EngineSettings().strict_priority, EngineSettings(scheduling_policy="fcfs").strict_priority,
+            EngineSettings(strict_priority=False).strict_priority) == (True, False, False)
+    with pytest.raises(ValueError, match="true needs WEIR_SCHEDULING_POLICY=priority"):
+        EngineSettings(scheduling_policy="fcfs", strict_priority=True)
 
 
 def test_choices_agree():

@@ -49,9 +49,11 @@ class EngineSettings(_WeirSettings):
     max_cudagraph_capture_size: Optional[int] = Field(None, gt=0, description="largest piecewise bucket (512)")
     measure_step_gpu_time: bool = Field(False, description="time each step's forward with CUDA events")
     scheduling_policy: Literal["fcfs", "priority"] = Field(
-        "fcfs", description="fcfs (arrival order) or priority (each job's priority, lower first; vLLM's names)")
-    strict_priority: bool = Field(False, description="with scheduling_policy=priority, step only the jobs of "
-                                  "the best priority present; the others wait with their KV blocks")
+        "priority", description="priority (each job's priority, lower first) or fcfs (arrival order); vLLM's "
+        "names, though vLLM's default is fcfs: a worker serves interactive jobs beside bulk ones")
+    strict_priority: Optional[bool] = Field(
+        None, validate_default=True, description="with scheduling_policy=priority, step only the jobs of the best "
+        "priority present; the others wait with their KV blocks. Default: true with the priority policy")
 
     @field_validator("dtype")
     @classmethod
@@ -60,8 +62,11 @@ class EngineSettings(_WeirSettings):
 
     @field_validator("strict_priority")
     @classmethod
-    def _strict_needs_priority(cls, strict: bool, info: ValidationInfo) -> bool:
-        if strict and info.data.get("scheduling_policy") != "priority":
+    def _strict_needs_priority(cls, strict: Optional[bool], info: ValidationInfo) -> bool:
+        priority = info.data.get("scheduling_policy") == "priority"
+        if strict is None:
+            return priority
+        if strict and not priority:
             raise ValueError("true needs WEIR_SCHEDULING_POLICY=priority")
         return strict
 
