@@ -267,3 +267,49 @@ def test_a_killed_worker_whose_messages_are_never_redelivered_is_recovered_by_th
     counted = runs()
     assert {c: (counted[ids[c]], table[c][1]) for c in table if counted[ids[c]] > table[c][1]} == {}
     assert set(effects("jobs", ids.values()).values()) == {1}
+
+
+@pytest.mark.parametrize("lane", ["interactive", "bulk chunks"])
+def test_a_frozen_owner_whose_job_another_worker_reclaimed_writes_nothing(start_worker, client, hooked, effects,
+                                                                          slow_model_dir, lane):
+    """Worker A is frozen (SIGSTOP) with a job in flight; its engine core, not frozen, finishes the
+    generation. A's lease runs out (set in the past, as a long freeze would), the sweeper
+    publishes the job again, and worker B claims it (a new fencing token) and is still running it
+    when A wakes and writes its result: a write the job's ``running`` status does not stop, and
+    the token does. B's result is the one stored, and the only result write."""
+    from sqlalchemy import update
+
+    from tests.worker.test_pipeline_faults import enqueue
+
+    env, runs = hooked
+    # A's lease renewer ticks every 60 s from its start: it cannot notice the lost lease before A
+    # writes, so the write itself meets the fence.
+    settings = dict(env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="1", WEIR_INTERACTIVE_CONCURRENCY="1",
+                    WEIR_MAX_NUM_SEQS="1", WEIR_LEASE_S="150", WEIR_CANCEL_POLL_INTERVAL_S="60")
+    first = start_worker(**settings)
+    if lane == "bulk chunks":
+        batch_id = bulk(client, 1, max_tokens=400)
+        products = None
+    else:
+        batch_id, products = enqueue(client, 1, max_tokens=400)  # ~2.5 s on the slow model
+    [job_id] = [j.id for j in client.jobs(batch_id)]
+    wait_until(lambda: runs()[str(job_id)] == 1, timeout_s=60, what="A's run")
+    first.proc.send_signal(signal.SIGSTOP)
+    try:
+        second = start_worker(**settings)
+        with client.session_factory.begin() as session:  # the freeze outlasted the lease
+            session.execute(update(Job).where(Job.id == job_id).values(
+                lease_expires_at=Job.lease_expires_at - __import__("datetime").timedelta(seconds=300)))
+        assert client.sweep(older_than_s=1) == 1  # the expired-lease path
+        wait_until(lambda: runs()[str(job_id)] == 2, timeout_s=60, what="B's run")
+        assert client.batch_status(batch_id).num_succeeded == 0  # B is still running it
+    finally:
+        first.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: "result dropped" in first.log(), timeout_s=60, what="A's late write refused")
+    client.wait(batch_id, timeout_s=60)
+    table = rows(client, batch_id)
+    assert [(row[0], row[1], row[2]) for row in table.values()] == [(JobStatus.SUCCEEDED, 2, second.hostname)]
+    assert f"job {job_id}: succeeded" in second.log()
+    assert effects("jobs", [job_id]) == {str(job_id): 1}
+    if products is not None:
+        assert effects("product_enrichment", [f"{products}-0"]) == {f"{products}-0": 1}

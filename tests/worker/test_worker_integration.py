@@ -5,6 +5,7 @@ import time
 import pytest
 
 from tests.worker.test_faults import wait_until
+from tests.worker.test_pipeline_faults import effects, hooked  # noqa: F401 (fixtures)
 from sqlalchemy import func, select
 
 from weir.jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
@@ -49,9 +50,14 @@ def test_failed_job_is_recorded_and_the_worker_goes_on(start_worker, client, wor
     assert worker.terminate() == 0
 
 
-def test_sigterm_mid_batch_then_restart_runs_every_job_once(start_worker, client):
+def test_sigterm_mid_batch_then_restart_runs_every_job_once(start_worker, client, hooked, effects):
+    """Warm shutdown within the grace period (the default 60 s; past it:
+    ``test_faults.py::test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them``):
+    the running jobs finish and are stored, the rest stay queued; after a restart every job has
+    run in the engine once and been stored once."""
+    env, runs = hooked
     num_jobs = 40
-    worker = start_worker(WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    worker = start_worker(**env, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
     batch_id = client.enqueue_batch(
         [GenerateRequest(prompt=f"Product number {i}", temperature=0, max_tokens=48) for i in range(num_jobs)]
     )
@@ -66,10 +72,14 @@ def test_sigterm_mid_batch_then_restart_runs_every_job_once(start_worker, client
     # Warm shutdown: tasks that had started finished; the rest were never claimed.
     assert set(statuses) == {"succeeded", "queued"}
 
-    start_worker()
+    start_worker(**env)
     final = client.wait(batch_id, timeout_s=180)
 
     assert (final.status, final.num_succeeded, final.num_failed) == (BatchStatus.COMPLETED, num_jobs, 0)
+    ids = [str(job.id) for job in client.jobs(batch_id)]
+    counted = runs()
+    assert {i: counted[i] for i in ids if counted[i] != 1} == {}  # engine runs, not rows
+    assert set(effects("jobs", ids).values()) == {1}  # result writes
     with client.session_factory() as session:
         rows = session.execute(
             select(Job.custom_id, func.count(), func.max(Job.attempts))
