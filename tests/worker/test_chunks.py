@@ -277,7 +277,11 @@ def test_a_frozen_owner_whose_job_another_worker_reclaimed_writes_nothing(start_
     publishes the job again, and worker B claims it (a new fencing token) and is still running it
     when A wakes and writes its result: a write the job's ``running`` status does not stop, and
     the token does. B's result is the one stored, and the only result write."""
+    import datetime
+
     from sqlalchemy import update
+
+    from weir.jobs.db import utcnow
 
     from tests.worker.test_pipeline_faults import enqueue
 
@@ -297,9 +301,9 @@ def test_a_frozen_owner_whose_job_another_worker_reclaimed_writes_nothing(start_
     first.proc.send_signal(signal.SIGSTOP)
     try:
         second = start_worker(**settings)
-        with client.session_factory.begin() as session:  # the freeze outlasted the lease
+        with client.session_factory.begin() as session:  # the freeze outlasted the lease (2 s ago)
             session.execute(update(Job).where(Job.id == job_id).values(
-                lease_expires_at=Job.lease_expires_at - __import__("datetime").timedelta(seconds=300)))
+                lease_expires_at=utcnow() - datetime.timedelta(seconds=2)))
         assert client.sweep(older_than_s=1) == 1  # the expired-lease path
         wait_until(lambda: runs()[str(job_id)] == 2, timeout_s=60, what="B's run")
         assert client.batch_status(batch_id).num_succeeded == 0  # B is still running it

@@ -346,11 +346,10 @@ def test_worker_with_a_bad_broker_url_is_one_line(postgres_url, broker_url, cont
     assert_one_line_error(weir("worker", env_overrides=env), contains=f"weir worker: {contains}")
 
 
-@pytest.mark.parametrize("policy", [None, "fcfs"])
-def test_strict_priority_without_the_priority_policy_is_one_line_before_anything_starts(tmp_path, policy):
-    env = {"WEIR_STRICT_PRIORITY": "true", "WEIR_BROKER_URL": "redis://127.0.0.1:1/0"}
-    if policy:
-        env["WEIR_SCHEDULING_POLICY"] = policy
+def test_strict_priority_without_the_priority_policy_is_one_line_before_anything_starts(tmp_path):
+    # the default policy is priority (with strict priority): only an explicit fcfs conflicts
+    env = {"WEIR_STRICT_PRIORITY": "true", "WEIR_BROKER_URL": "redis://127.0.0.1:1/0",
+           "WEIR_SCHEDULING_POLICY": "fcfs"}
     done = weir("worker", env_overrides=env, cwd=str(tmp_path))
     assert done.returncode == 2
     assert done.stderr == ("weir worker: invalid setting WEIR_STRICT_PRIORITY: true needs "

@@ -6,6 +6,7 @@ keeps one row per job whatever happens, so a row count proves nothing)."""
 
 import collections
 import os
+import re
 import signal
 import time
 import uuid
@@ -131,7 +132,9 @@ def test_a_sticky_engine_failure_makes_the_worker_exit_and_another_drains_the_qu
     broken = start_worker(**env, WEIR_TEST_STEP_FAILURES="always", WEIR_MAX_ENGINE_FAILURES="3")
     batch_id, products = enqueue(client, num_jobs, max_tokens=8)
     assert broken.proc.wait(60) == 70  # EX_SOFTWARE: the supervisor restarts it
-    assert "engine failed 3 steps in a row" in broken.log()
+    # at least the limit: the engine core may fail another step before the worker reads the third
+    failed = re.search(r"engine failed (\d+) steps in a row", broken.log())
+    assert failed and int(failed.group(1)) >= 3
     at_exit = rows(client, batch_id)
     assert with_status(at_exit, JobStatus.RUNNING) == set()  # every lease was given back
 
@@ -290,7 +293,9 @@ def test_a_message_deleted_from_a_50000_job_backlog_is_recovered_and_the_backlog
     from weir.jobs.db import Job
 
     env, runs = hooked
-    num_jobs, lost_index, grace_s = 50_000, 49, 2.0
+    # the grace covers a message a worker has taken and not yet claimed: a few seconds on a
+    # loaded 2-core CI machine
+    num_jobs, lost_index, grace_s = 50_000, 49, 5.0
     batch_id = client.enqueue_batch(GenerateRequest(prompt=f"Item {i}", custom_id=f"job-{i}", max_tokens=1)
                                     for i in range(num_jobs))
     r = redis_lib.Redis.from_url(redis_url)
@@ -302,6 +307,7 @@ def test_a_message_deleted_from_a_50000_job_backlog_is_recovered_and_the_backlog
         lost_id = session.scalar(select(Job.id).where(Job.batch_id == batch_id, Job.batch_index == lost_index))
     republished = client.sweep(older_than_s=grace_s)  # nothing is lost before the queue reaches it
     assert republished == 0
+    lost_published = client.jobs(batch_id)[-1].published_at
 
     start_worker(**env, WEIR_CONCURRENCY="8", WEIR_MAX_NUM_SEQS="8")
     deadline = time.monotonic() + 120
@@ -312,7 +318,8 @@ def test_a_message_deleted_from_a_50000_job_backlog_is_recovered_and_the_backlog
     waiting = r.llen(queue)
     client.cancel(batch_id)
 
-    assert republished == 1  # the lost one, and not one message of the backlog
+    assert republished == 1, [  # the lost one, and not one message of the backlog
+        (j.batch_index, j.status, j.attempts) for j in client.jobs(batch_id) if j.published_at > lost_published]
     assert waiting > num_jobs - 5_000  # recovered while the backlog waits
     with client.session_factory() as session:
         neighbours = session.scalar(select(func.max(Job.started_at)).where(
