@@ -96,7 +96,7 @@ print(client.sweep(older_than_s=3600, limit=100_000))
 
 
 def test_two_sweepers_at_once_publish_each_lost_job_once(redis_client_and_queue, postgres_url, redis_url):
-    """Two sweeper processes start the same instant over 20,000 jobs whose publish failed: each job
+    """Two sweeper processes start the same instant over 10,000 jobs whose publish failed: each job
     is published again exactly once (the sweeper's read takes rows ``FOR UPDATE SKIP LOCKED``)."""
     import subprocess
     import sys
@@ -107,13 +107,13 @@ def test_two_sweepers_at_once_publish_each_lost_job_once(redis_client_and_queue,
     from weir.jobs.db import Job
 
     client, r, interactive = redis_client_and_queue
-    num_jobs = 20_000
+    num_jobs = 10_000
     batch_id = client.enqueue_batch(GenerateRequest(prompt=f"p{i}", custom_id=f"p{i}", max_tokens=1)
                                     for i in range(num_jobs))
     r.delete(interactive)  # the publish "failed": no message, published_at null
     with client.session_factory.begin() as session:
         session.execute(update(Job).where(Job.batch_id == batch_id).values(published_at=None))
-    start_at = time.time() + 8.0
+    start_at = time.time() + 6.0
     sweepers = [subprocess.Popen([sys.executable, "-c", SWEEP_AT, client.settings.engine.model, client.queue,
                                   redis_url, postgres_url, str(start_at)], stdout=subprocess.PIPE, text=True)
                 for _ in range(2)]
