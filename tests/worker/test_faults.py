@@ -299,6 +299,7 @@ def test_two_workers_share_a_queue_and_killing_one_loses_nothing(start_worker, c
     first.sigkill()
     at_kill = rows(client, batch_id)
     interrupted = {c for c, row in at_kill.items() if row[0] == JobStatus.RUNNING and row[2] == first.hostname}
+    assert interrupted  # the kill caught the first worker's jobs running: the comparison below is not vacuous
     client.wait(batch_id, timeout_s=120)
 
     table = assert_each_succeeded_once(client, batch_id, num_jobs)

@@ -194,14 +194,16 @@ def test_a_killed_engine_core_gives_its_jobs_back_the_worker_exits_70_and_anothe
 def test_a_duplicate_delivery_while_the_job_runs_starts_no_second_run(start_worker, client, hooked, effects,
                                                                       slow_model_dir):
     env, runs = hooked
-    start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_LEASE_S="5",
-                 WEIR_CANCEL_POLL_INTERVAL_S="0.5")
+    worker = start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2",
+                          WEIR_LEASE_S="5", WEIR_CANCEL_POLL_INTERVAL_S="0.5")
     batch_id, products = enqueue(client, 1, max_tokens=400)  # ~2.5 s on the slow model
     [job_id] = job_ids(client, batch_id).values()
     wait_until(lambda: runs()[str(job_id)] == 1, timeout_s=30, what="the run")
     client.celery_app.send_task(names.RUN_JOB, args=[str(job_id)], queue=client.queue)  # the duplicate
     client.wait(batch_id, timeout_s=60)
-    time.sleep(7)  # the duplicate came back once the lease would have expired, and found it finished
+    # the duplicate found the live lease, came back once it would have expired, and found the job done
+    wait_until(lambda: f"job {job_id}: nothing to run" in worker.log(), timeout_s=30, what="the duplicate's end")
+    assert f"job {job_id}: held under another claim's live lease" in worker.log()
 
     assert_each_succeeded_once(client, batch_id, 1)
     assert runs()[str(job_id)] == 1
