@@ -118,7 +118,6 @@ def make_app(settings: Settings) -> Celery:
     return app
 
 
-
 def make_worker(
     celery_app: Celery,
     settings: Settings,

@@ -106,7 +106,8 @@ class WorkerRuntime:
         self._chunk_slots = threading.BoundedSemaphore(CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs)
         # chunks a worker runs at once: enough to fill its engine places and have the next chunk
         # claimed (more would only hold claimed jobs other workers could run); threads holding a
-        # chunk, running or waiting to: at most half (the others stay free for single jobs)
+        # chunk, running or waiting to: at most half of the model queue's (the others stay free
+        # for its per-job messages and the control queue's)
         threads = settings.worker.concurrency or settings.engine.max_num_seqs
         places = CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs
         self.max_chunk_threads = max(1, threads // 2)
@@ -430,8 +431,9 @@ class WorkerRuntime:
             return job.id in self._lost
 
     def enter_chunk(self) -> bool:
-        """Begin a chunk on this thread: False when half the task threads already hold chunks
-        (the others stay free for single and interactive jobs). Otherwise wait until fewer than
+        """Begin a chunk on this thread: False when half the model queue's task threads already
+        hold chunks (the others stay free for the per-job messages of the model's queue and
+        control queue; interactive jobs have threads of their own). Otherwise wait until fewer than
         :attr:`max_chunks` chunks run (enough to fill the engine's places, and one more; the
         worker claims no more jobs than it can feed), or until the worker stops; then True, and
         :meth:`leave_chunk` must follow."""
