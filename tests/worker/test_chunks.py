@@ -317,3 +317,68 @@ def test_a_frozen_owner_whose_job_another_worker_reclaimed_writes_nothing(start_
     assert effects("jobs", [job_id]) == {str(job_id): 1}
     if products is not None:
         assert effects("product_enrichment", [f"{products}-0"]) == {f"{products}-0": 1}
+
+
+def job_ids_in_redis(client):
+    """The job ids of every message of the model's queues that Redis still holds: waiting in a
+    list, or recorded by kombu as delivered and unacked (its ``unacked`` hash)."""
+    import base64
+    import json
+
+    raw = redis.Redis.from_url(client.settings.worker.broker_url)
+
+    def ids(envelope):
+        body = json.loads(base64.b64decode(envelope["body"]))
+        return {str(i) for i in body[0]}
+
+    found = set()
+    for queue in names.job_queues(client.queue):
+        for key in [queue.encode(), *raw.keys(f"{queue}\x06\x16*")]:
+            if raw.type(key) == b"list":
+                for entry in raw.lrange(key, 0, -1):
+                    found |= ids(json.loads(entry))
+    for entry in raw.hvals("unacked"):
+        envelope, _exchange, routing_key = json.loads(entry)
+        if routing_key in names.job_queues(client.queue):
+            found |= ids(envelope)
+    return found
+
+
+@pytest.mark.parametrize("lane", ["interactive", "bulk chunks"])
+def test_a_worker_killed_between_taking_a_message_and_recording_it_unacked_loses_nothing(
+        start_worker, client, hooked, effects, lane):
+    """kombu's Redis transport takes a message with BRPOP and only then records it in its unacked
+    hash; a worker killed between the two leaves the message nowhere in Redis, so no redelivery
+    can bring it back. The sweeper's queue-moved-past path publishes its jobs again: every job
+    runs in the engine once and is stored once."""
+    env, runs = hooked
+    num_jobs = 3 * CHUNK
+    requests = [GenerateRequest(prompt=f"Product number {i}", custom_id=f"job-{i}", temperature=0, max_tokens=2)
+                for i in range(num_jobs)]
+    batch_id = client.enqueue_batch(requests, priority=BULK_PRIORITY if lane == "bulk chunks" else None)
+    ids = {j.custom_id: str(j.id) for j in client.jobs(batch_id)}
+    assert job_ids_in_redis(client) == set(ids.values())
+
+    doomed = start_worker(**env, WEIR_TEST_KILL_ON_FETCH="1")  # dies as it records its first message
+    assert doomed.proc.wait(120) == -signal.SIGKILL
+    lost = set(ids.values()) - job_ids_in_redis(client)
+    assert len(lost) == (CHUNK if lane == "bulk chunks" else 1)  # one message, in neither place
+    assert not runs()
+
+    start_worker(**env)
+    republished = 0
+    deadline = time.monotonic() + 90
+    while not client.batch_status(batch_id).status.is_finished:  # what beat does, every 0.5 s here
+        assert time.monotonic() < deadline, "the lost message's jobs were not recovered"
+        republished += client.sweep(older_than_s=1)
+        time.sleep(0.5)
+    assert_each_succeeded_once(client, batch_id, num_jobs)
+    # the sweeper stamped exactly the lost message's jobs as published again
+    with client.session_factory() as session:
+        stamps = dict(session.execute(select(Job.id, Job.published_at).where(Job.batch_id == batch_id)).all())
+    first = min(stamps.values())
+    assert {str(i) for i, t in stamps.items() if t != first} == lost
+    assert republished >= len(lost)
+    counted = runs()
+    assert {counted[i] for i in ids.values()} == {1}
+    assert set(effects("jobs", ids.values()).values()) == {1}

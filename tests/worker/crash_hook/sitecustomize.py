@@ -9,6 +9,9 @@
   engine's speed).
 - ``WEIR_TEST_STEP_FAILURES``: the first N engine steps of this process raise (``always``: every
   step), as a device error would.
+- ``WEIR_TEST_KILL_ON_FETCH``: N; the worker process SIGKILLs itself when kombu's Redis transport
+  is about to record the N-th message it took (BRPOP) as unacked: the message is then in no
+  Redis list and in no unacked record, the window only the sweeper recovers from.
 """
 
 import os
@@ -53,3 +56,21 @@ if _step_failures:
         return _step(self)
 
     _llm_engine.LLMEngine.step = _failing_step
+
+_kill_on_fetch = os.environ.get("WEIR_TEST_KILL_ON_FETCH")
+
+if _kill_on_fetch:
+    import signal
+
+    from kombu.transport import redis as _kombu_redis
+
+    _append = _kombu_redis.QoS.append
+    _fetched = [0]
+
+    def _append_or_die(self, message, delivery_tag):
+        _fetched[0] += 1
+        if _fetched[0] >= int(_kill_on_fetch):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _append(self, message, delivery_tag)
+
+    _kombu_redis.QoS.append = _append_or_die
