@@ -1,13 +1,17 @@
+import collections
 import os
 import uuid
 
 import pytest
+
+from sqlalchemy import text
 
 from weir.worker import testing
 from weir.worker.testing import WorkerProcess, delete_queue_keys
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +72,51 @@ def start_worker(worker_env, tmp_path):
     yield start
     for worker in started:
         worker.kill()
+
+
+EFFECT_TRIGGERS = """
+CREATE TABLE IF NOT EXISTS test_effects (tbl text, key text, n integer NOT NULL, PRIMARY KEY (tbl, key));
+CREATE OR REPLACE FUNCTION test_count_effect() RETURNS trigger AS $$
+BEGIN
+  INSERT INTO test_effects VALUES (TG_TABLE_NAME, to_jsonb(NEW) ->> TG_ARGV[0], 1)
+  ON CONFLICT (tbl, key) DO UPDATE SET n = test_effects.n + 1;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS test_result_writes ON jobs;
+CREATE TRIGGER test_result_writes AFTER INSERT OR UPDATE ON jobs FOR EACH ROW
+  WHEN (NEW.status IN ('succeeded', 'failed')) EXECUTE FUNCTION test_count_effect('id');
+DROP TRIGGER IF EXISTS test_enrichment_writes ON product_enrichment;
+CREATE TRIGGER test_enrichment_writes AFTER INSERT OR UPDATE ON product_enrichment FOR EACH ROW
+  EXECUTE FUNCTION test_count_effect('product_id');
+"""
+
+
+@pytest.fixture
+def effects(client):
+    """Counts of result writes (``jobs`` rows set to a final outcome) and enrichment writes."""
+    with client.engine.begin() as connection:
+        connection.exec_driver_sql(EFFECT_TRIGGERS)
+
+    def counts(table, keys):
+        with client.session_factory() as session:
+            found = dict(session.execute(
+                text("SELECT key, n FROM test_effects WHERE tbl = :t AND key = ANY(:k)"),
+                {"t": table, "k": [str(k) for k in keys]}).all())
+        return {str(k): found.get(str(k), 0) for k in keys}
+
+    return counts
+
+
+@pytest.fixture
+def hooked(worker_env, tmp_path):
+    """Env for a worker with the test hooks, and a reader of its engine-run log."""
+    run_log = tmp_path / "runs.log"
+    env = dict(WEIR_TEST_RUN_LOG=str(run_log),
+               PYTHONPATH=os.path.join(HERE, "crash_hook") + os.pathsep + worker_env["PYTHONPATH"])
+
+    def runs():
+        if not run_log.exists():
+            return collections.Counter()
+        return collections.Counter(run_log.read_text().split())
+
+    return env, runs

@@ -14,7 +14,6 @@ from weir.jobs.db import BatchStatus, Job, JobStatus
 from weir.jobs.schemas import BULK_PRIORITY, GenerateRequest
 
 from tests.worker.test_faults import FAST_REDELIVERY, assert_each_succeeded_once, rows, wait_until, with_status
-from tests.worker.test_pipeline_faults import effects, hooked  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.integration
 
@@ -125,6 +124,44 @@ def test_sigkill_mid_chunk_runs_only_the_unfinished_jobs_again(start_worker, cli
     assert {c: (counted[ids[c]], table[c][1]) for c in table if counted[ids[c]] > table[c][1]} == {}  # engine runs per job <= attempts
     assert {counted[ids[c]] for c in interrupted} <= {1, 2}
     assert set(effects("jobs", ids.values()).values()) == {1}
+
+
+def test_sigterm_past_the_grace_period_mid_chunk_puts_the_chunk_back_and_a_restart_finishes_it(
+        start_worker, client, hooked, effects, slow_model_dir):
+    """Warm shutdown with a 0.2 s grace period while a chunk's jobs run: the jobs in the engine are
+    aborted and their leases given back (their start counted), the chunk's other claimed jobs
+    given back uncounted, the message requeued; the worker exits 0 within seconds. After a
+    restart each job has succeeded, was written once, and ran again only if the shutdown cut it
+    short."""
+    from tests.worker.test_faults import assert_runs_and_writes
+
+    env, runs = hooked
+    num_jobs = 2 * CHUNK
+    settings = dict(env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="4",
+                    WEIR_SHUTDOWN_TIMEOUT_S="0.2")
+    worker = start_worker(**settings)
+    batch_id = bulk(client, num_jobs, max_tokens=240)  # ~1.5 s each on the slow model
+    wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 1 and len(runs()) > 4,
+               what="a job done and its successor in the engine")
+    started = time.monotonic()
+    assert worker.terminate(timeout_s=60) == 0
+    shutdown_s = time.monotonic() - started
+
+    stopped = rows(client, batch_id)
+    ran = {j.custom_id for j in client.jobs(batch_id) if runs()[str(j.id)]}
+    put_back = {c for c, row in stopped.items() if row[0] == JobStatus.QUEUED and row[1] == 1}
+    assert with_status(stopped, JobStatus.RUNNING) == set()  # every lease given back
+    assert put_back and put_back == ran - with_status(stopped, JobStatus.SUCCEEDED)
+    assert {row[1] for c, row in stopped.items() if row[0] == JobStatus.QUEUED and c not in put_back} <= {0}
+    assert shutdown_s < 10, f"warm shutdown took {shutdown_s:.1f}s with a 0.2 s grace period"
+    assert "shutdown grace period over:" in worker.log()
+
+    start_worker(**env, WEIR_MODEL=slow_model_dir)
+    client.wait(batch_id, timeout_s=180)
+    table = assert_each_succeeded_once(client, batch_id, num_jobs)
+    assert {c: row[1] for c, row in table.items()} == {c: 2 if c in put_back else 1 for c in table}
+    assert_runs_and_writes(client, batch_id, runs, effects, put_back)
+    assert {c for c, n in ((j.custom_id, runs()[str(j.id)]) for j in client.jobs(batch_id)) if n == 2} == put_back
 
 
 def test_a_poison_job_inside_a_chunk_fails_alone_and_the_others_succeed(start_worker, client, hooked):

@@ -1,9 +1,11 @@
 """Fault injection against real ``weir worker`` processes, real Redis and real Postgres.
 
-Every test ends by counting rows: each job has exactly one row, in the state the guarantees in
-README "Guarantees" promise, with the exact number of attempts its deliveries took. Tests that
-must catch jobs in flight run the 16-layer ``slow_model_dir``, so the engine's own speed-ups do
-not let a batch finish before the fault lands.
+Every test ends by checking each job's row (the state README "Guarantees" promises, with the
+number of attempts its deliveries took) and, where a fault could make a job run or be stored
+twice, by counting effects the primary key cannot hide: engine runs per job (the ``hooked``
+fixture's run log) and result writes per job (the ``effects`` fixture's triggers). Tests that must
+catch jobs in flight run the 16-layer ``slow_model_dir``, so the engine's own speed-ups do not let
+a batch finish before the fault lands.
 """
 
 import json
@@ -83,6 +85,19 @@ def generate_batch(client, num_jobs, max_tokens, prefix="job"):
     ])
 
 
+def assert_runs_and_writes(client, batch_id, runs, effects, cut_short=()):
+    """Each job ran in the engine once, but a job in ``cut_short`` (custom_ids a fault caught
+    claimed) once or twice (a claim not yet in the engine when the fault hit never started its
+    run); no job ran more often than it was claimed (``attempts``); each job's outcome was
+    written once."""
+    jobs = {job.custom_id: job for job in client.jobs(batch_id)}
+    counted = runs()
+    wrong = {c: (counted[str(j.id)], j.attempts) for c, j in jobs.items()
+             if not (counted[str(j.id)] == 1 or c in cut_short and 1 <= counted[str(j.id)] <= j.attempts)}
+    assert wrong == {}, "custom_id: (engine runs, attempts)"
+    assert effects("jobs", [j.id for j in jobs.values()]) == {str(j.id): 1 for j in jobs.values()}
+
+
 def assert_each_succeeded_once(client, batch_id, num_jobs, prefix="job"):
     final = client.batch_status(batch_id)
     table = rows(client, batch_id)
@@ -93,9 +108,11 @@ def assert_each_succeeded_once(client, batch_id, num_jobs, prefix="job"):
     return table
 
 
-def test_sigkill_mid_batch_then_restart_leaves_one_row_per_job(start_worker, client, slow_model_dir):
+def test_sigkill_mid_batch_then_restart_runs_only_the_cut_short_jobs_again(start_worker, client, slow_model_dir,
+                                                                            hooked, effects):
+    env, runs = hooked
     num_jobs = 50
-    settings = dict(FAST_REDELIVERY, WEIR_MODEL=slow_model_dir)
+    settings = dict(env, **FAST_REDELIVERY, WEIR_MODEL=slow_model_dir)
     worker = start_worker(**settings)
     batch_id = generate_batch(client, num_jobs, max_tokens=96)  # ~0.6 s each on the slow model
     wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 8 and num_just_claimed(client, batch_id),
@@ -111,11 +128,14 @@ def test_sigkill_mid_batch_then_restart_leaves_one_row_per_job(start_worker, cli
     table = assert_each_succeeded_once(client, batch_id, num_jobs)
     # The jobs the kill cut short ran once more (Redis redelivered them); no other job did.
     assert {c: row[1] for c, row in table.items()} == {c: 2 if c in interrupted else 1 for c in table}
+    assert_runs_and_writes(client, batch_id, runs, effects, interrupted)
 
 
-def test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them(start_worker, client, slow_model_dir):
+def test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them(start_worker, client, slow_model_dir,
+                                                                              hooked, effects):
+    env, runs = hooked
     num_jobs = 8
-    settings = dict(WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_SHUTDOWN_TIMEOUT_S="0.2")
+    settings = dict(env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2", WEIR_SHUTDOWN_TIMEOUT_S="0.2")
     worker = start_worker(**settings)
     batch_id = generate_batch(client, num_jobs, max_tokens=240)  # ~1.5 s each on the slow model
     done = wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 2 and
@@ -137,11 +157,12 @@ def test_sigterm_puts_jobs_past_the_grace_period_back_and_restart_finishes_them(
     assert with_status(stopped, JobStatus.FAILED) == set()
     assert f"shutdown grace period over: {len(put_back)} running jobs go back to the queue" in worker.log()
 
-    start_worker(WEIR_MODEL=slow_model_dir)
+    start_worker(**env, WEIR_MODEL=slow_model_dir)
     client.wait(batch_id, timeout_s=180)
 
     table = assert_each_succeeded_once(client, batch_id, num_jobs)
     assert {c: row[1] for c, row in table.items()} == {c: 2 if c in put_back else 1 for c in table}
+    assert_runs_and_writes(client, batch_id, runs, effects, put_back)
 
 
 @pytest.fixture
@@ -285,9 +306,11 @@ def test_redelivery_past_a_short_visibility_timeout_runs_the_job_once(start_work
     assert enrichment.description == table["0"][3]
 
 
-def test_two_workers_share_a_queue_and_killing_one_loses_nothing(start_worker, client, slow_model_dir):
+def test_two_workers_share_a_queue_and_killing_one_loses_nothing(start_worker, client, slow_model_dir, hooked,
+                                                                 effects):
+    env, runs = hooked
     num_jobs = 40
-    settings = dict(FAST_REDELIVERY, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
+    settings = dict(env, **FAST_REDELIVERY, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2", WEIR_MAX_NUM_SEQS="2")
     first, second = start_worker(**settings), start_worker(**settings)
     batch_id = generate_batch(client, num_jobs, max_tokens=96)  # ~0.6 s each on the slow model
 
@@ -311,6 +334,7 @@ def test_two_workers_share_a_queue_and_killing_one_loses_nothing(start_worker, c
     assert {c: (row[1], row[2]) for c, row in table.items() if c in interrupted} == {
         c: (2, second.hostname) for c in interrupted}
     assert {row[1] for c, row in table.items() if c not in interrupted} == {1}
+    assert_runs_and_writes(client, batch_id, runs, effects, interrupted)
 
 
 def test_poison_job_fails_after_max_attempts_and_the_others_succeed(start_worker, client, slow_model_dir):

@@ -1,10 +1,10 @@
 """The pipeline's guarantees under load and faults, against real ``weir worker`` processes, real
 Redis and real Postgres, counting effects rather than rows: engine runs per job (each
 ``WorkerRuntime.run``, logged by the test hook in ``crash_hook/``), and result and enrichment
-writes per job (counted by triggers this module installs in the test database; the primary key
-keeps one row per job whatever happens, so a row count proves nothing)."""
+writes per job (counted by triggers the ``effects`` fixture of ``conftest.py`` installs in the
+test database; the primary key keeps one row per job whatever happens, so a row count proves
+nothing)."""
 
-import collections
 import os
 import re
 import signal
@@ -12,7 +12,6 @@ import time
 import uuid
 
 import pytest
-from sqlalchemy import text
 
 from weir.jobs import names, store
 from weir.jobs.db import BatchStatus, JobStatus
@@ -21,53 +20,6 @@ from weir.jobs.schemas import GenerateRequest
 from tests.worker.test_faults import HERE, assert_each_succeeded_once, rows, wait_until, with_status
 
 pytestmark = pytest.mark.integration
-
-EFFECT_TRIGGERS = """
-CREATE TABLE IF NOT EXISTS test_effects (tbl text, key text, n integer NOT NULL, PRIMARY KEY (tbl, key));
-CREATE OR REPLACE FUNCTION test_count_effect() RETURNS trigger AS $$
-BEGIN
-  INSERT INTO test_effects VALUES (TG_TABLE_NAME, to_jsonb(NEW) ->> TG_ARGV[0], 1)
-  ON CONFLICT (tbl, key) DO UPDATE SET n = test_effects.n + 1;
-  RETURN NEW;
-END $$ LANGUAGE plpgsql;
-DROP TRIGGER IF EXISTS test_result_writes ON jobs;
-CREATE TRIGGER test_result_writes AFTER INSERT OR UPDATE ON jobs FOR EACH ROW
-  WHEN (NEW.status IN ('succeeded', 'failed')) EXECUTE FUNCTION test_count_effect('id');
-DROP TRIGGER IF EXISTS test_enrichment_writes ON product_enrichment;
-CREATE TRIGGER test_enrichment_writes AFTER INSERT OR UPDATE ON product_enrichment FOR EACH ROW
-  EXECUTE FUNCTION test_count_effect('product_id');
-"""
-
-
-@pytest.fixture
-def effects(client):
-    """Counts of result writes (``jobs`` rows set to a final outcome) and enrichment writes."""
-    with client.engine.begin() as connection:
-        connection.exec_driver_sql(EFFECT_TRIGGERS)
-
-    def counts(table, keys):
-        with client.session_factory() as session:
-            found = dict(session.execute(
-                text("SELECT key, n FROM test_effects WHERE tbl = :t AND key = ANY(:k)"),
-                {"t": table, "k": [str(k) for k in keys]}).all())
-        return {str(k): found.get(str(k), 0) for k in keys}
-
-    return counts
-
-
-@pytest.fixture
-def hooked(worker_env, tmp_path):
-    """Env for a worker with the test hooks, and a reader of its engine-run log."""
-    run_log = tmp_path / "runs.log"
-    env = dict(WEIR_TEST_RUN_LOG=str(run_log),
-               PYTHONPATH=os.path.join(HERE, "crash_hook") + os.pathsep + worker_env["PYTHONPATH"])
-
-    def runs():
-        if not run_log.exists():
-            return collections.Counter()
-        return collections.Counter(run_log.read_text().split())
-
-    return env, runs
 
 
 def enqueue(client, num_jobs, max_tokens, prefix="job", product_prefix=None):

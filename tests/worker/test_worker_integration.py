@@ -5,7 +5,6 @@ import time
 import pytest
 
 from tests.worker.test_faults import wait_until
-from tests.worker.test_pipeline_faults import effects, hooked  # noqa: F401 (fixtures)
 from sqlalchemy import func, select
 
 from weir.jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
