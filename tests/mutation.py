@@ -1,0 +1,156 @@
+"""Mutation testing of the guard modules with cosmic-ray (https://cosmic-ray.readthedocs.io).
+
+The guards behind README "Guarantees": claims, leases and the fenced result write
+(``jobs/store.py``), the sweeper (``jobs/sweeper.py`` and its read in ``jobs/store.py``), group
+commit (``worker/group_commit.py``) and the delivery settings (``worker/app.py``). Each target
+names the functions mutated (all of a module when None) and the tests that cover them; cosmic-ray
+mutates one operator at a time **in the files on disk**, runs the tests (``pytest -x``), and
+records whether they failed (killed) or passed (survived).
+
+Outside CI (an hour or more on 2 cores). Run it in a clone of its own, never in a checkout you
+work in, with the clone installed (``pip install -e .``) in the Python that runs it::
+
+    git clone -q . /tmp/weir-mutation && cd /tmp/weir-mutation && pip install -e . cosmic-ray
+    python -m tests.mutation [--target store|sweeper|group_commit|app] [--dir mutation-out]
+
+Writes ``<dir>/<target>.toml`` and ``<dir>/<target>.sqlite`` (the session; ``cr-report``,
+``cr-html`` and ``cosmic-ray dump`` read it) and prints each target's counts and its surviving
+mutants. cosmic-ray does not mutate string literals, so SQL text (the fencing-token clause of the
+result write, ``SKIP LOCKED`` spelled in SQL) is outside its reach; those guards are broken by
+hand (README "Guarantees" names the test that fails for each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    path: str
+    functions: Optional[tuple[str, ...]]  # top-level functions or classes; None: the whole module
+    tests: tuple[str, ...]  # pytest arguments, fastest and most likely to fail first
+
+
+TARGETS = (
+    Target("store", "jobs/store.py",
+           ("claim_jobs", "_claim_sql", "claim_job", "renew_leases", "release_jobs", "record_results",
+            "take_jobs_to_publish", "mark_published"),
+           ("tests/jobs/test_store.py", "tests/worker/test_attempt.py", "tests/jobs/test_sweeper.py")),
+    Target("sweeper", "jobs/sweeper.py", None,
+           ("tests/jobs/test_sweeper.py", "tests/jobs/test_client.py", "-k", "sweep or lost")),
+    Target("group_commit", "worker/group_commit.py", None,
+           ("tests/worker/test_attempt.py", "tests/worker/test_runtime.py")),
+    Target("app", "worker/app.py",
+           ("transport_options", "delivery_conf", "make_app", "worker_concurrency", "interactive_concurrency",
+            "pool_threads", "DeadLetterConsumer"),
+           ("tests/worker/test_app.py", "tests/worker/test_make_worker.py")),
+)
+
+
+def line_ranges(path: str, functions: Optional[Sequence[str]]) -> list[str]:
+    """``"first-last"`` line ranges of the named top-level definitions of ``path`` (the whole
+    file when ``functions`` is None).
+
+    Raises:
+        ValueError: a named definition is not in the file.
+    """
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    if functions is None:
+        return [f"1-{max(getattr(node, 'end_lineno', 1) for node in ast.walk(tree))}"]
+    found = {node.name: node for node in tree.body
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    missing = sorted(set(functions) - set(found))
+    if missing:
+        raise ValueError(f"{path}: no top-level definition named {', '.join(missing)}")
+    return [f"{found[name].lineno}-{found[name].end_lineno}" for name in functions]
+
+
+def config_text(target: Target, timeout_s: float) -> str:
+    test_command = " ".join(shlex.quote(a) for a in (
+        sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *target.tests))
+    lines = {target.path: line_ranges(os.path.join(REPO_ROOT, target.path), target.functions)}
+    return "\n".join([
+        "[cosmic-ray]",
+        f"module-path = {json.dumps(target.path)}",
+        f"timeout = {timeout_s}",
+        "excluded-modules = []",
+        f"test-command = {json.dumps(test_command)}",
+        "",
+        "[cosmic-ray.distributor]",
+        'name = "local"',
+        "",
+        "[cosmic-ray.filters.line-filter]",
+        f"lines = {{ {json.dumps(target.path)} = {json.dumps(lines[target.path])} }}",
+        "",
+    ])
+
+
+def run(command: Sequence[str]) -> None:
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, cwd=REPO_ROOT, check=True)
+
+
+def survivors(session: str) -> list[dict]:
+    """The mutants whose tests passed, from ``cosmic-ray dump``."""
+    dump = subprocess.run([os.path.join(os.path.dirname(sys.executable), "cosmic-ray"), "dump", session],
+                          cwd=REPO_ROOT, check=True, capture_output=True, text=True).stdout
+    found = []
+    for line in dump.splitlines():
+        item, result = json.loads(line)
+        if result and result.get("worker_outcome") == "normal" and result.get("test_outcome") == "survived":
+            for mutation in item["mutations"]:
+                found.append(dict(mutation, diff=result.get("diff", "")))
+    return found
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", action="append", choices=[t.name for t in TARGETS],
+                        help="a target to mutate (repeatable; default: all)")
+    parser.add_argument("--dir", default="mutation-out", help="where configs and sessions go (relative to the repo)")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="a mutant's test run past this counts as killed")
+    args = parser.parse_args(argv)
+
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, check=True).stdout
+    if status.strip():
+        parser.error(f"the checkout has uncommitted changes; cosmic-ray edits files in place:\n{status}")
+    out = os.path.join(REPO_ROOT, args.dir)
+    os.makedirs(out, exist_ok=True)
+    bin_dir = os.path.dirname(sys.executable)
+    for target in TARGETS:
+        if args.target and target.name not in args.target:
+            continue
+        config = os.path.join(out, f"{target.name}.toml")
+        session = os.path.join(out, f"{target.name}.sqlite")
+        with open(config, "w", encoding="utf-8") as f:
+            f.write(config_text(target, args.timeout_s))
+        try:
+            if not os.path.exists(session):
+                run([os.path.join(bin_dir, "cosmic-ray"), "init", config, session])
+                run([os.path.join(bin_dir, "cr-filter-lines"), "--config", config, session])
+            run([os.path.join(bin_dir, "cosmic-ray"), "exec", config, session])  # resumes a session
+        finally:  # a mutant left on disk by an interrupted run
+            subprocess.run(["git", "checkout", "--", target.path], cwd=REPO_ROOT, check=True)
+        run([os.path.join(bin_dir, "cr-report"), "--show-pending", session])
+        for mutant in survivors(session):
+            print(f"SURVIVED {target.path}:{mutant['start_pos'][0]} {mutant['operator_name']}"
+                  f" #{mutant['occurrence']}\n{mutant['diff']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
