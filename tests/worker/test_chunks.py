@@ -419,3 +419,24 @@ def test_a_worker_killed_between_taking_a_message_and_recording_it_unacked_loses
     counted = runs()
     assert {counted[i] for i in ids.values()} == {1}
     assert set(effects("jobs", ids.values()).values()) == {1}
+
+
+@pytest.mark.parametrize("lane", ["interactive", "bulk chunks"])
+def test_an_unexpected_error_in_a_task_publishes_its_message_again_instead_of_acking_it(
+        start_worker, client, hooked, effects, lane):
+    """A delivery that raises something no outcome covers (here injected before the claim) is
+    neither acked nor lost: the task publishes its message again after a backoff (1 s first), and
+    the next delivery runs each job once."""
+    from tests.worker.test_faults import assert_runs_and_writes
+
+    env, runs = hooked
+    worker = start_worker(**env, WEIR_TEST_ATTEMPT_ERRORS="1")
+    num_jobs = CHUNK if lane == "bulk chunks" else 1
+    requests = [GenerateRequest(prompt=f"Product number {i}", custom_id=f"job-{i}", temperature=0, max_tokens=2)
+                for i in range(num_jobs)]
+    batch_id = client.enqueue_batch(requests, priority=BULK_PRIORITY if lane == "bulk chunks" else None)
+    client.wait(batch_id, timeout_s=60)
+    what = f"chunk of {CHUNK} jobs" if lane == "bulk chunks" else f"job {client.jobs(batch_id)[0].id}"
+    assert f"{what}: unexpected error; published again in 1s" in worker.log()
+    assert_each_succeeded_once(client, batch_id, num_jobs)
+    assert_runs_and_writes(client, batch_id, runs, effects)

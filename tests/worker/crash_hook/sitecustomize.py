@@ -9,6 +9,8 @@
   engine's speed).
 - ``WEIR_TEST_STEP_FAILURES``: the first N engine steps of this process raise (``always``: every
   step), as a device error would.
+- ``WEIR_TEST_ATTEMPT_ERRORS``: N; the first N deliveries this process takes (``run_job`` and
+  ``run_chunk`` alike) raise an unexpected error before they claim anything.
 - ``WEIR_TEST_KILL_ON_FETCH``: N; the worker process SIGKILLs itself when kombu's Redis transport
   is about to record the N-th message it took (BRPOP) as unacked: the message is then in no
   Redis list and in no unacked record, the window only the sweeper recovers from.
@@ -74,3 +76,27 @@ if _kill_on_fetch:
         return _append(self, message, delivery_tag)
 
     _kombu_redis.QoS.append = _append_or_die
+
+_attempt_errors = os.environ.get("WEIR_TEST_ATTEMPT_ERRORS")
+
+if _attempt_errors:
+    import threading
+
+    from weir.worker import attempt as _attempt, chunk as _chunk
+
+    _left_errors = [int(_attempt_errors)]
+    _errors_lock = threading.Lock()
+
+    def _raising(run):
+        def attempt_or_raise(*args, **kwargs):
+            with _errors_lock:
+                fail = _left_errors[0] > 0
+                _left_errors[0] -= fail
+            if fail:
+                raise RuntimeError("injected unexpected error (WEIR_TEST_ATTEMPT_ERRORS)")
+            return run(*args, **kwargs)
+
+        return attempt_or_raise
+
+    _attempt.run_attempt = _raising(_attempt.run_attempt)
+    _chunk.run_chunk_attempt = _raising(_chunk.run_chunk_attempt)
