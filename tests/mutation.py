@@ -11,7 +11,7 @@ Outside CI (an hour or more on 2 cores). Run it in a clone of its own, never in 
 work in, with the clone installed (``pip install -e .``) in the Python that runs it::
 
     git clone -q . /tmp/weir-mutation && cd /tmp/weir-mutation && pip install -e . cosmic-ray
-    python -m tests.mutation [--target store|sweeper|group_commit|app] [--dir mutation-out]
+    python -m tests.mutation [--target app|claims|sweeper_read|group_commit|sweeper] [--dir mutation-out]
 
 Writes ``<dir>/<target>.toml`` and ``<dir>/<target>.sqlite`` (the session; ``cr-report``,
 ``cr-html`` and ``cosmic-ray dump`` read it) and prints each target's counts and its surviving
@@ -56,18 +56,19 @@ class Target:
 
 
 TARGETS = (
-    Target("store", "jobs/store.py",
-           ("claim_jobs", "_claim_sql", "claim_job", "renew_leases", "release_jobs", "record_results",
-            "take_jobs_to_publish", "mark_published"),
-           ("tests/jobs/test_store.py", "tests/worker/test_attempt.py", "tests/jobs/test_sweeper.py")),
-    Target("sweeper", "jobs/sweeper.py", None,
-           ("tests/jobs/test_sweeper.py", "tests/jobs/test_client.py", "-k", "sweep or lost")),
-    Target("group_commit", "worker/group_commit.py", None,
-           ("tests/worker/test_attempt.py", "tests/worker/test_runtime.py")),
     Target("app", "worker/app.py",
            ("transport_options", "delivery_conf", "make_app", "worker_concurrency", "interactive_concurrency",
             "pool_threads", "DeadLetterConsumer"),
            ("tests/worker/test_app.py", "tests/worker/test_make_worker.py")),
+    Target("claims", "jobs/store.py",
+           ("claim_jobs", "_claim_sql", "claim_job", "renew_leases", "release_jobs", "record_results"),
+           ("tests/jobs/test_store.py", "tests/worker/test_attempt.py")),
+    Target("sweeper_read", "jobs/store.py", ("take_jobs_to_publish", "mark_published"),
+           ("tests/jobs/test_sweeper.py", "tests/jobs/test_store.py")),
+    Target("group_commit", "worker/group_commit.py", None,
+           ("tests/worker/test_attempt.py", "tests/worker/test_runtime.py")),
+    Target("sweeper", "jobs/sweeper.py", None,
+           ("tests/jobs/test_sweeper.py", "tests/jobs/test_client.py", "-k", "lost or sweep")),
 )
 
 
