@@ -212,6 +212,24 @@ def test_same_job_recorded_twice_leaves_one_row(session_factory):
     assert (batch.num_succeeded, batch.num_failed) == (1, 0)
 
 
+@pytest.mark.parametrize("first, second, stored", [
+    ("succeeded", "failed", ("succeeded", "first")),  # a success is kept over a failure, in either order
+    ("failed", "succeeded", ("succeeded", "second")),
+    ("failed", "failed", ("failed", "second")),  # else the later outcome
+])
+def test_one_job_twice_in_one_group_keeps_a_success_else_the_later_outcome(session_factory, first, second, stored):
+    batch_id, job_ids = make_batch(session_factory, num_jobs=1)
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_ids[0])
+    outcome = {"succeeded": ok, "failed": JobResult.failure}
+    with session_factory.begin() as session:
+        written = store.record_results(session, [(job, outcome[first]("first")), (job, outcome[second]("second"))])
+    assert written == {job.id}
+    batch, [row] = load(session_factory, batch_id)
+    assert (row.status.value, row.output_text if row.status == JobStatus.SUCCEEDED else row.error) == stored
+    assert (batch.num_succeeded, batch.num_failed) == ((1, 0) if stored[0] == "succeeded" else (0, 1))
+
+
 def test_redelivered_succeeded_job_is_not_run_again(session_factory):
     batch_id, job_ids = make_batch(session_factory)
     assert run(session_factory, job_ids[0], ok("first")) is True
@@ -513,6 +531,27 @@ def test_sweeper_takes_lost_jobs_once(session_factory):
         taken = store.take_jobs_to_publish(session, model=model, older_than=now, queued_before=later)
         assert store.take_jobs_to_publish(session, model="other", older_than=later, queued_before=later) == []
     assert sorted(taken) == sorted([job_ids[0], job_ids[4]])  # queued ones; job 2 was published since
+
+
+def test_the_sweepers_queue_position_takes_only_its_own_batchs_earlier_jobs_at_a_shared_publish_time(
+        session_factory):
+    """Two batches published under the same time: the horizon (batch A, index 2) takes A's jobs 0
+    and 1 and nothing of batch B, whose messages may still wait behind it."""
+    from datetime import timedelta
+
+    from weir.jobs.db import utcnow
+
+    model = f"sweep-{uuid.uuid4().hex[:8]}"
+    with session_factory.begin() as session:
+        a, a_jobs = store.create_batch(session, [GenerateRequest(prompt=f"a{i}") for i in range(4)], model=model)
+        b, b_jobs = store.create_batch(session, [GenerateRequest(prompt=f"b{i}") for i in range(4)], model=model)
+    published = utcnow() - timedelta(seconds=5)
+    with session_factory.begin() as session:
+        store.mark_published(session, [j.id for j in a_jobs + b_jobs], published)
+    with session_factory.begin() as session:
+        taken = store.take_jobs_to_publish(session, model=model, older_than=published - timedelta(seconds=1),
+                                           queued_before=published, queued_before_job=(a.id, 2))
+    assert taken == [a_jobs[0].id, a_jobs[1].id]
 
 
 def test_dead_letters_keep_body_and_reason(session_factory):
