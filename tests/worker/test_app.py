@@ -56,3 +56,6 @@ def test_the_delivery_settings_a_worker_runs_with():
     for name in (names.RUN_JOB, names.RUN_CHUNK):  # a task option would override the app's
         assert app.tasks[name].acks_late is True
     assert WorkerSettings().visibility_timeout_s > WorkerSettings().lease_s
+    # on Redis, the transport that keeps an unreadable list entry as a dead letter instead of dying
+    on_redis = make_app(Settings(worker=WorkerSettings(broker_url="redis://127.0.0.1:6379/0"))).conf
+    assert (on_redis.broker_transport, conf.broker_transport) == ("weir.worker.transport:Transport", None)
