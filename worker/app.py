@@ -180,7 +180,7 @@ class DeadLetterConsumer(Consumer):
     def __init__(self, *args, worker_options=None, **kwargs):
         threads = (worker_options or {}).get("weir_queue_concurrency")
         if threads:  # a worker of make_worker
-            kwargs["initial_prefetch_count"] = threads * kwargs.get("prefetch_multiplier", 1)
+            kwargs["initial_prefetch_count"] = threads * kwargs["prefetch_multiplier"]  # Celery's worker passes it
         super().__init__(*args, worker_options=worker_options, **kwargs)
 
     def on_decode_error(self, message, exc):

@@ -136,6 +136,23 @@ def test_a_stale_attempt_changes_nothing(session_factory):
     assert (batch.status, batch.num_succeeded, batch.num_failed) == (BatchStatus.COMPLETED, 1, 0)
 
 
+def test_a_renewal_moves_the_lease_to_lease_s_from_now(session_factory):
+    from datetime import timedelta
+
+    from weir.jobs.db import utcnow
+
+    _, job_ids = make_batch(session_factory, num_jobs=1)
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job_ids[0], worker="w", lease_s=1)
+    before = utcnow()
+    with session_factory.begin() as session:
+        assert store.renew_leases(session, [(job.id, job.lease_token)], worker="w", lease_s=120) == {job.id}
+    with session_factory() as session:
+        expires = session.get(Job, job.id).lease_expires_at
+    expires = expires.replace(tzinfo=before.tzinfo) if expires.tzinfo is None else expires
+    assert before + timedelta(seconds=119) < expires < utcnow() + timedelta(seconds=121)
+
+
 def test_a_released_job_is_claimed_at_once(session_factory):
     _, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
@@ -469,7 +486,8 @@ def test_claim_records_the_worker_and_fails_a_job_out_of_attempts(session_factor
             job = store.claim_job(session, job_ids[0], worker=f"w{attempt}", max_attempts=2, lease_s=0)
         assert (job.attempts, job.worker, job.status) == (attempt, f"w{attempt}", JobStatus.RUNNING)
     with session_factory.begin() as session:  # a third delivery: both attempts lost their worker
-        assert store.claim_job(session, job_ids[0], worker="w3", max_attempts=2) is None
+        assert store.claim_jobs(session, [job_ids[0]], worker="w3", max_attempts=2, lease_s=60) == {
+            job_ids[0]: store.Claim(store.ClaimStatus.GAVE_UP)}
     batch, jobs = load(session_factory, batch_id)
     assert (jobs[0].status, jobs[0].attempts, jobs[0].worker) == (JobStatus.FAILED, 2, "w2")
     assert jobs[0].error == "gave up after 2 attempts: each one lost its worker or ran out of time"

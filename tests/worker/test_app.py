@@ -36,6 +36,7 @@ def test_expired_messages_are_looked_for_every_quarter_visibility_timeout_at_mos
                              "unacked_index_key": "weir.SmolLM2-135M-Instruct.unacked_index",
                              "unacked_mutex_key": "weir.SmolLM2-135M-Instruct.unacked_mutex"}
     assert options(8)["unacked_restore_interval"] == 2
+    assert options(20)["unacked_restore_interval"] == 5
     assert options(2)["unacked_restore_interval"] == 1
 
 
@@ -46,7 +47,7 @@ def test_the_delivery_settings_a_worker_runs_with():
     than a lease, so a redelivery of a running job finds its lease live."""
     import weir.worker.tasks  # noqa: F401  (registers the tasks)
     from weir.jobs import names
-    from weir.worker.app import app, make_app
+    from weir.worker.app import EMBEDDED_BROKER_URL, app, make_app
 
     settings = Settings(worker=WorkerSettings(visibility_timeout_s=900, lease_s=20))
     conf = make_app(settings).conf
@@ -56,6 +57,10 @@ def test_the_delivery_settings_a_worker_runs_with():
     for name in (names.RUN_JOB, names.RUN_CHUNK):  # a task option would override the app's
         assert app.tasks[name].acks_late is True
     assert WorkerSettings().visibility_timeout_s > WorkerSettings().lease_s
+    # a worker started before its broker answers, or one that loses it, waits and retries for ever
+    assert (conf.broker_connection_retry_on_startup, conf.broker_connection_max_retries) == (True, None)
     # on Redis, the transport that keeps an unreadable list entry as a dead letter instead of dying
     on_redis = make_app(Settings(worker=WorkerSettings(broker_url="redis://127.0.0.1:6379/0"))).conf
-    assert (on_redis.broker_transport, conf.broker_transport) == ("weir.worker.transport:Transport", None)
+    assert (on_redis.broker_url, on_redis.broker_transport) == ("redis://127.0.0.1:6379/0",
+                                                               "weir.worker.transport:Transport")
+    assert (conf.broker_url, conf.broker_transport) == (EMBEDDED_BROKER_URL, None)  # no broker: the embedded one
