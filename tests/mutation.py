@@ -132,12 +132,29 @@ def survivors(session: str) -> list[dict]:
     return found
 
 
+def recheck(target: Target, session: str) -> None:
+    """Apply each survivor of ``session`` to the files on disk again, run the target's tests as
+    they are now, restore the file, and print whether the survivor is now killed."""
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *target.tests]
+    for mutant in survivors(session):
+        try:
+            run([os.path.join(os.path.dirname(sys.executable), "cosmic-ray"), "apply", mutant["module_path"],
+                 mutant["operator_name"], str(mutant["occurrence"])])
+            passed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True).returncode == 0
+        finally:
+            subprocess.run(["git", "checkout", "--", target.path], cwd=REPO_ROOT, check=True)
+        print(f"{'SURVIVED' if passed else 'KILLED now'} {target.path}:{mutant['start_pos'][0]} "
+              f"{mutant['operator_name']} #{mutant['occurrence']}", flush=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", action="append", choices=[t.name for t in TARGETS],
                         help="a target to mutate (repeatable; default: all)")
     parser.add_argument("--dir", default="mutation-out", help="where configs and sessions go (relative to the repo)")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="a mutant's test run past this counts as killed")
+    parser.add_argument("--recheck", action="store_true",
+                        help="run the current tests against each earlier session's survivors only (after new tests)")
     args = parser.parse_args(argv)
 
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
@@ -152,6 +169,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             continue
         config = os.path.join(out, f"{target.name}.toml")
         session = os.path.join(out, f"{target.name}.sqlite")
+        if args.recheck:
+            if os.path.exists(session):
+                recheck(target, session)
+            continue
         with open(config, "w", encoding="utf-8") as f:
             f.write(config_text(target, args.timeout_s))
         try:
