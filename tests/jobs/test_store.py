@@ -157,17 +157,36 @@ def test_a_released_job_is_claimed_at_once(session_factory):
     _, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
         job = store.claim_job(session, job_ids[0], worker="w1", lease_s=60)
+    from datetime import timedelta
+
+    from weir.jobs.db import utcnow
+
+    def published_at():
+        with session_factory() as session:
+            stamp = session.get(Job, job_ids[0]).published_at
+        return stamp.replace(tzinfo=None) if stamp is not None else None
+
+    before = utcnow().replace(tzinfo=None)
     with session_factory.begin() as session:
         assert store.release_jobs(session, [(job.id, job.lease_token)]) == {job.id}
         assert store.release_jobs(session, [(job.id, job.lease_token)]) == set()  # no longer held
+    # stamped published now: its message goes back to the queue, so the sweeper leaves it alone
+    assert before <= published_at() <= utcnow().replace(tzinfo=None)
     with session_factory.begin() as session:
         again = store.claim_job(session, job_ids[0], worker="w2", lease_s=60)
     assert (again.attempts, again.lease_token) == (2, 2)
+    later = before + timedelta(seconds=30)  # a retry's message, published with a countdown
+    with session_factory.begin() as session:
+        assert store.release_jobs(session, [(again.id, again.lease_token)], republish_at=later) == {again.id}
+    assert published_at() == later
+    with session_factory.begin() as session:
+        again = store.claim_job(session, job_ids[0], worker="w2", lease_s=60)
+    assert (again.attempts, again.lease_token) == (3, 3)
     with session_factory.begin() as session:  # an engine failure: the start is given back
         assert store.release_jobs(session, [(again.id, again.lease_token)], refund_attempt=True) == {again.id}
     with session_factory.begin() as session:
         third = store.claim_job(session, job_ids[0], worker="w3", lease_s=60)
-    assert (third.attempts, third.lease_token) == (2, 3)
+    assert (third.attempts, third.lease_token) == (3, 4)
 
 
 def test_reconcile_repairs_counters_changed_by_hand(session_factory):
