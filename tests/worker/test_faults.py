@@ -197,7 +197,7 @@ def _pings(redis, port):
 
 
 def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_messages(
-    private_redis, start_worker, worker_env, slow_model_dir
+    private_redis, start_worker, worker_env, slow_model_dir, hooked, effects
 ):
     from weir.jobs.client import Client
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
@@ -205,7 +205,8 @@ def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_
     port, procs, start_redis = private_redis
     broker_url = f"redis://127.0.0.1:{port}/0"
     num_jobs = 50
-    worker = start_worker(WEIR_BROKER_URL=broker_url, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2",
+    env, runs = hooked
+    worker = start_worker(**env, WEIR_BROKER_URL=broker_url, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="2",
                           WEIR_MAX_NUM_SEQS="2")
     client = Client(Settings(
         engine=EngineSettings(model=worker_env["WEIR_MODEL"]),
@@ -229,13 +230,16 @@ def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_
 
         assert_each_succeeded_once(client, batch_id, num_jobs)
         assert num_republished >= 1
+        # a republished message of a job that ran meanwhile ran nothing: runs <= starts, one write
+        assert_runs_and_writes(client, batch_id, runs, effects, cut_short={f"job-{i}" for i in range(num_jobs)})
         assert worker.is_alive()
         assert "Connection to broker lost" in worker.log()
     finally:
         client.close()
 
 
-def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, client, worker_env, slow_model_dir):
+def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, client, worker_env, slow_model_dir,
+                                                                  hooked, effects):
     proxy_port = free_port()
     url = make_url(worker_env["WEIR_DATABASE_URL"])
     proxy_command = [sys.executable, os.path.join(HERE, "tcp_proxy.py"), str(proxy_port), url.host, str(url.port or 5432)]
@@ -248,7 +252,9 @@ def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, 
     proxy = start_proxy()
     num_jobs = 50
     try:
+        env, runs = hooked
         worker = start_worker(
+            **env,
             WEIR_DATABASE_URL=url.set(port=proxy_port).render_as_string(hide_password=False),
             WEIR_DB_RETRY_TIMEOUT_S="60",
             WEIR_MODEL=slow_model_dir,
@@ -271,6 +277,7 @@ def test_postgres_outage_of_10_s_mid_batch_loses_and_acks_nothing(start_worker, 
         # at most one such claim per task thread (4) counts a second attempt.
         attempts = sorted(row[1] for row in table.values())
         assert set(attempts) <= {1, 2} and attempts.count(2) <= 4
+        assert_runs_and_writes(client, batch_id, runs, effects, cut_short=set(table))  # runs <= starts
         assert "transient database error" in worker.log()
         assert worker.is_alive()
     finally:
