@@ -121,3 +121,28 @@ def test_two_sweepers_at_once_publish_each_lost_job_once(redis_client_and_queue,
     published = [message_job(m) for m in r.lrange(names.control_queue(client.queue), 0, -1)]
     assert sum(counts) == len(published)
     assert sorted(published) == sorted(str(job.id) for job in client.jobs(batch_id))  # each once
+
+
+def test_a_second_sweeper_skips_the_rows_a_first_one_holds_instead_of_waiting(redis_client_and_queue):
+    """While one sweep's transaction holds the lost jobs it took, a second sweep takes the others
+    at once (``SKIP LOCKED``) instead of waiting for the first to commit (a plain ``FOR UPDATE``
+    would block it, here past a 2 s lock timeout)."""
+    from datetime import timedelta
+
+    from sqlalchemy import text, update
+
+    from weir.jobs.db import Job, utcnow
+
+    client, r, interactive = redis_client_and_queue
+    batch_id = client.enqueue_batch(GenerateRequest(prompt=f"p{i}", max_tokens=1) for i in range(6))
+    r.delete(interactive)
+    with client.session_factory.begin() as session:
+        session.execute(update(Job).where(Job.batch_id == batch_id).values(published_at=None))
+    model, older_than = client.model, utcnow() - timedelta(seconds=60)
+    with client.session_factory() as first, client.session_factory() as second:
+        held = store.take_jobs_to_publish(first, model=model, older_than=older_than, limit=4)
+        second.execute(text("SET lock_timeout = '2s'"))
+        rest = store.take_jobs_to_publish(second, model=model, older_than=older_than, limit=6)
+        second.commit()
+        first.commit()
+    assert len(held) == 4 and sorted(held + rest) == sorted(job.id for job in client.jobs(batch_id))
