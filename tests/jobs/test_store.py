@@ -591,6 +591,36 @@ def test_the_sweepers_queue_position_takes_only_its_own_batchs_earlier_jobs_at_a
     assert taken == [a_jobs[0].id, a_jobs[1].id]
 
 
+def test_the_sweepers_expired_lease_bounds_are_strict(session_factory):
+    """A running job is taken once its lease expired strictly before ``older_than`` and it was
+    last published strictly before that expiry (a publish at the expiry instant counts as since)."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from weir.jobs.db import utcnow
+
+    model = f"sweep-{uuid.uuid4().hex[:8]}"
+    with session_factory.begin() as session:
+        _, [job] = store.create_batch(session, [GenerateRequest(prompt="p")], model=model)
+    with session_factory.begin() as session:
+        store.claim_job(session, job.id, lease_s=60)
+    expiry = utcnow().replace(microsecond=0) - timedelta(seconds=10)
+    tick = timedelta(microseconds=1)
+
+    def taken(published_at, older_than):
+        with session_factory.begin() as session:
+            session.execute(update(Job).where(Job.id == job.id).values(lease_expires_at=expiry,
+                                                                          published_at=published_at))
+        with session_factory() as session:  # rolled back: each probe starts from the same row
+            return store.take_jobs_to_publish(session, model=model, older_than=older_than) == [job.id]
+
+    assert not taken(expiry - tick, older_than=expiry)  # expired at, not before, older_than
+    assert taken(expiry - tick, older_than=expiry + tick)
+    assert not taken(expiry, older_than=expiry + tick)  # published at the expiry instant: since
+    assert taken(expiry - tick, older_than=expiry + tick)
+
+
 def test_dead_letters_keep_body_and_reason(session_factory):
     from weir.jobs.db import DeadLetter
 
