@@ -8,7 +8,7 @@ mutates one operator at a time **in the files on disk**, runs the tests (``pytes
 records whether they failed (killed) or passed (survived).
 
 Outside CI (an hour or more on 2 cores). Run it in a clone of its own, never in a checkout you
-work in, with the clone installed (``pip install -e .``) in the Python that runs it::
+work in, with the clone installed (``pip install -e ".[mutation]"``) in the Python that runs it::
 
     git clone -q . /tmp/weir-mutation && cd /tmp/weir-mutation && pip install -e ".[mutation]"
     python -m tests.mutation [--target app|claims|sweeper_read|group_commit|sweeper] [--dir mutation-out]
