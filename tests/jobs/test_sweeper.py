@@ -11,7 +11,7 @@ import redis as redis_lib
 from weir.jobs import names, store
 from weir.jobs.client import Client
 from weir.jobs.schemas import GenerateRequest
-from weir.jobs.sweeper import oldest_waiting_job
+from weir.jobs.sweeper import oldest_waiting_job, priority_lists
 from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -147,3 +147,29 @@ def test_a_second_sweeper_skips_the_rows_a_first_one_holds_instead_of_waiting(re
         second.commit()
         first.commit()
     assert len(held) == 4 and sorted(held + rest) == sorted(job.id for job in client.jobs(batch_id))
+
+
+def test_jobs_of_a_waiting_chunk_are_not_lost(redis_client_and_queue):
+    """A bulk batch waits as chunk messages: the oldest waiting job is the first of the oldest
+    chunk, so the sweeper takes none of the jobs whose chunk still waits; once a worker took the
+    first chunk and claimed its jobs, still none."""
+    from weir.jobs.schemas import BULK_PRIORITY
+
+    client, r, _ = redis_client_and_queue
+    chunked = Client(client.settings.model_copy(update={
+        "worker": client.settings.worker.model_copy(update={"bulk_chunk_size": 4})}))
+    try:
+        batch_id = chunked.enqueue_batch([GenerateRequest(prompt=f"p{i}", max_tokens=1) for i in range(8)],
+                                         priority=BULK_PRIORITY)
+        jobs = [job.id for job in chunked.jobs(batch_id)]
+        with chunked.celery_app.connection_for_read() as connection:
+            [bulk_list] = [q for q in priority_lists(connection, chunked.queue) if r.llen(q)]
+            assert r.llen(bulk_list) == 2
+            assert oldest_waiting_job(connection, bulk_list) == jobs[0]
+        assert chunked.sweep(older_than_s=0) == 0
+        r.rpop(bulk_list)  # a worker takes the first chunk and claims its jobs
+        with chunked.session_factory.begin() as session:
+            store.claim_jobs(session, jobs[:4], worker="w", lease_s=60)
+        assert chunked.sweep(older_than_s=0) == 0
+    finally:
+        chunked.close()
