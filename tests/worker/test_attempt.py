@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
 from weir.jobs import store
-from weir.jobs.db import JobStatus, make_engine, make_session_factory
+from weir.jobs.db import Job, JobStatus, make_engine, make_session_factory
 from weir.jobs.schemas import GenerateRequest
 from weir.jobs.store import JobResult
 from weir.config import WorkerSettings
@@ -169,5 +169,51 @@ def test_two_deliveries_of_one_job_in_one_claim_group_run_it_once(postgres_url):
         assert [c.status for c in claims] == [store.ClaimStatus.CLAIMED, store.ClaimStatus.CLAIMED,
                                               store.ClaimStatus.HELD]
         assert claims[2].lease_expires_at == claims[0].lease_expires_at
+    finally:
+        engine.dispose()
+
+
+def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_what_it_is_told(
+        postgres_url, monkeypatch):
+    """Group commit's retry: a transient error puts the whole group back after 1, 2, 4 ... s
+    (README "Guarantees"); one transaction then releases two leases, refunding the start of the
+    one released for an engine failure only."""
+    import contextlib
+
+    from weir.worker import group_commit
+    from weir.worker.group_commit import GroupCommitter
+
+    engine = make_engine(postgres_url)
+    real = make_session_factory(engine)
+    failures = [3]
+    sleeps = []
+
+    class FlakyFactory:
+        def __call__(self, *args, **kwargs):
+            return real(*args, **kwargs)
+
+        @contextlib.contextmanager
+        def begin(self):
+            if failures[0]:
+                failures[0] -= 1
+                raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+            with real.begin() as session:
+                yield session
+
+    monkeypatch.setattr(group_commit.time, "sleep", sleeps.append)
+    try:
+        with real.begin() as session:
+            _, jobs = store.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
+                                         model="tiny")
+            claimed = [store.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs]
+        writer = GroupCommitter(FlakyFactory(), worker="w", lease_s=60, max_attempts=3, model_name=lambda: "tiny",
+                                retry_timeout_s=60, max_wait_s=0.5)
+        futures = [writer.release_async(claimed[0], refund_attempt=True), writer.release_async(claimed[1])]
+        assert [f.result(timeout=30) for f in futures] == [True, True]
+        writer.close()
+        assert (sleeps, writer.num_transactions) == ([1, 2, 4], 1)
+        with real() as session:
+            rows = [session.get(Job, job.id) for job in jobs]
+        assert [(row.status, row.attempts) for row in rows] == [(JobStatus.QUEUED, 0), (JobStatus.QUEUED, 1)]
     finally:
         engine.dispose()
