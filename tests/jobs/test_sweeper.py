@@ -173,3 +173,32 @@ def test_jobs_of_a_waiting_chunk_are_not_lost(redis_client_and_queue):
         assert chunked.sweep(older_than_s=0) == 0
     finally:
         chunked.close()
+
+
+def test_the_oldest_waiting_job_is_found_behind_other_tasks_and_unreadable_messages(redis_client_and_queue):
+    client, r, _ = redis_client_and_queue
+    queue = f"{client.queue}.scan"
+    job_id = uuid.uuid4()
+    try:
+        client.celery_app.send_task(names.SWEEP, queue=queue)  # the oldest: not a job's message
+        client.celery_app.send_task(names.RUN_JOB, args=[], queue=queue)  # no job id in it
+        client.celery_app.send_task(names.RUN_JOB, args=[str(job_id)], queue=queue)
+        with client.celery_app.connection_for_read() as connection:
+            assert oldest_waiting_job(connection, queue) == job_id
+    finally:
+        r.delete(queue)
+
+
+def test_the_queue_position_is_the_furthest_a_sweep_saw_within_one_publish(redis_client_and_queue):
+    """One publish sends a batch's messages under one time: a later sweep that sees the queue
+    further into that batch (a higher index) moves the horizon there, so the jobs before it whose
+    messages are gone are lost."""
+    client, r, queue = redis_client_and_queue
+    batch_id = client.enqueue_batch([GenerateRequest(prompt=f"p{i}", max_tokens=1) for i in range(5)])
+    jobs = [job.id for job in client.jobs(batch_id)]
+    assert client.sweep(older_than_s=0) == 0  # records the head: job 0
+    for job_id in jobs[:3]:  # taken by a worker that died before it claimed them
+        assert message_job(r.rpop(queue)) == str(job_id)
+    control = names.control_queue(client.queue)
+    assert client.sweep(older_than_s=0) == 3  # the head is now job 3, published with jobs 0-2
+    assert sorted(message_job(m) for m in r.lrange(control, 0, -1)) == sorted(str(j) for j in jobs[:3])
