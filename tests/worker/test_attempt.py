@@ -173,47 +173,100 @@ def test_two_deliveries_of_one_job_in_one_claim_group_run_it_once(postgres_url):
         engine.dispose()
 
 
+class FlakyFactory:
+    """A session factory whose first ``failures`` transactions fail as a dropped connection does
+    (a transient error); ``failures=None``: every one."""
+
+    def __init__(self, real, failures):
+        self.real, self.failures = real, failures
+
+    def __call__(self, *args, **kwargs):
+        return self.real(*args, **kwargs)
+
+    def begin(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def transaction():
+            if self.failures is None or self.failures > 0:
+                if self.failures is not None:
+                    self.failures -= 1
+                raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+            with self.real.begin() as session:
+                yield session
+
+        return transaction()
+
+
+class FakeClock:
+    """``time`` for group commit: ``sleep`` advances ``monotonic`` and is recorded."""
+
+    def __init__(self):
+        self.now, self.sleeps = 1000.0, []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
 def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_what_it_is_told(
         postgres_url, monkeypatch):
     """Group commit's retry: a transient error puts the whole group back after 1, 2, 4 ... s
     (README "Guarantees"); one transaction then releases two leases, refunding the start of the
-    one released for an engine failure only."""
-    import contextlib
+    one released for an engine failure only. Groups hold at most ``max_jobs`` writes, and each
+    committed group is timed in its lane of ``weir:db_write_latency_seconds``."""
+    from prometheus_client import CollectorRegistry, Histogram
 
     from weir.worker import group_commit
     from weir.worker.group_commit import GroupCommitter
 
     engine = make_engine(postgres_url)
     real = make_session_factory(engine)
-    failures = [3]
-    sleeps = []
-
-    class FlakyFactory:
-        def __call__(self, *args, **kwargs):
-            return real(*args, **kwargs)
-
-        @contextlib.contextmanager
-        def begin(self):
-            if failures[0]:
-                failures[0] -= 1
-                raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
-            with real.begin() as session:
-                yield session
-
-    monkeypatch.setattr(group_commit.time, "sleep", sleeps.append)
+    clock = FakeClock()
+    monkeypatch.setattr(group_commit, "time", clock)
+    latency = Histogram("test_write_latency_seconds", "", ["lane"], registry=CollectorRegistry())
     try:
         with real.begin() as session:
-            _, jobs = store.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
-                                         model="tiny")
-            claimed = [store.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs]
-        writer = GroupCommitter(FlakyFactory(), worker="w", lease_s=60, max_attempts=3, model_name=lambda: "tiny",
-                                retry_timeout_s=60, max_wait_s=0.5)
+            _, jobs = store.create_batch(session, [GenerateRequest(prompt=p) for p in "pqrst"], model="tiny")
+            claimed = [store.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs[:2]]
+        writer = GroupCommitter(FlakyFactory(real, 3), worker="w", lease_s=60, max_attempts=3,
+                                model_name=lambda: "tiny", retry_timeout_s=60, max_wait_s=0.5, max_jobs=2,
+                                write_latency_s=latency)
         futures = [writer.release_async(claimed[0], refund_attempt=True), writer.release_async(claimed[1])]
         assert [f.result(timeout=30) for f in futures] == [True, True]
+        assert (clock.sleeps, writer.num_transactions) == ([1, 2, 4], 1)
+        claims = [writer.claim_async(job.id) for job in jobs[2:]]  # three claims, two to a group
+        assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 3
         writer.close()
-        assert (sleeps, writer.num_transactions) == ([1, 2, 4], 1)
+        assert writer.num_transactions == 3 and 0 <= writer.busy_s < 30
+        assert not any(thread.is_alive() for thread in writer._threads)
+        counts = {s.labels["lane"]: s.value for m in latency.collect() for s in m.samples if s.name.endswith("_count")}
+        assert counts == {"claim": 2, "finish": 1}
         with real() as session:
-            rows = [session.get(Job, job.id) for job in jobs]
+            rows = [session.get(Job, job.id) for job in jobs[:2]]
         assert [(row.status, row.attempts) for row in rows] == [(JobStatus.QUEUED, 0), (JobStatus.QUEUED, 1)]
+    finally:
+        engine.dispose()
+
+
+def test_a_group_gives_up_once_the_next_retry_would_end_past_its_deadline(postgres_url, monkeypatch):
+    """With ``retry_timeout_s`` 30 and the database down: retries after 1, 2, 4, 8 and 10 s (the
+    backoff's cap), then :class:`DatabaseUnavailable`, since another 10 s would end past 30 s."""
+    from weir.worker import group_commit
+    from weir.worker.group_commit import GroupCommitter
+
+    engine = make_engine(postgres_url)
+    clock = FakeClock()
+    monkeypatch.setattr(group_commit, "time", clock)
+    try:
+        writer = GroupCommitter(FlakyFactory(make_session_factory(engine), None), worker="w", lease_s=60,
+                                max_attempts=3, model_name=lambda: "tiny", retry_timeout_s=30)
+        with pytest.raises(group_commit.DatabaseUnavailable, match="database unreachable for 30s"):
+            writer.claim(uuid.uuid4())
+        writer.close()
+        assert clock.sleeps == [1, 2, 4, 8, 10]
     finally:
         engine.dispose()
