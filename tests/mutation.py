@@ -132,15 +132,19 @@ def survivors(session: str) -> list[dict]:
     return found
 
 
-def recheck(target: Target, session: str) -> None:
+def recheck(target: Target, session: str, timeout_s: float) -> None:
     """Apply each survivor of ``session`` to the files on disk again, run the target's tests as
-    they are now, restore the file, and print whether the survivor is now killed."""
+    they are now (a run past ``timeout_s`` counts as killed, as in ``exec``), restore the file,
+    and print whether the survivor is now killed."""
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *target.tests]
     for mutant in survivors(session):
         try:
             run([os.path.join(os.path.dirname(sys.executable), "cosmic-ray"), "apply", mutant["module_path"],
                  mutant["operator_name"], str(mutant["occurrence"])])
-            passed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True).returncode == 0
+            try:
+                passed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, timeout=timeout_s).returncode == 0
+            except subprocess.TimeoutExpired:
+                passed = False
         finally:
             subprocess.run(["git", "checkout", "--", target.path], cwd=REPO_ROOT, check=True)
         print(f"{'SURVIVED' if passed else 'KILLED now'} {target.path}:{mutant['start_pos'][0]} "
@@ -171,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         session = os.path.join(out, f"{target.name}.sqlite")
         if args.recheck:
             if os.path.exists(session):
-                recheck(target, session)
+                recheck(target, session, args.timeout_s)
             continue
         with open(config, "w", encoding="utf-8") as f:
             f.write(config_text(target, args.timeout_s))
