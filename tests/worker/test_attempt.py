@@ -218,6 +218,8 @@ def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_w
     (README "Guarantees"); one transaction then releases two leases, refunding the start of the
     one released for an engine failure only. Groups hold at most ``max_jobs`` writes, and each
     committed group is timed in its lane of ``weir:db_write_latency_seconds``."""
+    import time as real_time
+
     from prometheus_client import CollectorRegistry, Histogram
 
     from weir.worker import group_commit
@@ -230,21 +232,26 @@ def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_w
     latency = Histogram("test_write_latency_seconds", "", ["lane"], registry=CollectorRegistry())
     try:
         with real.begin() as session:
-            _, jobs = store.create_batch(session, [GenerateRequest(prompt=p) for p in "pqrst"], model="tiny")
+            _, jobs = store.create_batch(session, [GenerateRequest(prompt=p) for p in "pqrstuv"], model="tiny")
             claimed = [store.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs[:2]]
         writer = GroupCommitter(FlakyFactory(real, 3), worker="w", lease_s=60, max_attempts=3,
-                                model_name=lambda: "tiny", retry_timeout_s=60, max_wait_s=0.5, max_jobs=2,
+                                model_name=lambda: "tiny", retry_timeout_s=60, max_wait_s=2.0, max_jobs=2,
                                 write_latency_s=latency)
         futures = [writer.release_async(claimed[0], refund_attempt=True), writer.release_async(claimed[1])]
         assert [f.result(timeout=30) for f in futures] == [True, True]
         assert (clock.sleeps, writer.num_transactions) == ([1, 2, 4], 1)
-        claims = [writer.claim_async(job.id) for job in jobs[2:]]  # three claims, two to a group
+        claims = [writer.claim_async(jobs[2].id)]
+        real_time.sleep(0.1)  # within the group's 2 s window: the same transaction
+        claims.append(writer.claim_async(jobs[3].id))
+        assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
+        assert writer.num_transactions == 2
+        claims = [writer.claim_async(job.id) for job in jobs[4:]]  # three claims, two to a group
         assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 3
         writer.close()
-        assert writer.num_transactions == 3 and 0 <= writer.busy_s < 30
+        assert writer.num_transactions == 4 and 0 <= writer.busy_s < 30
         assert not any(thread.is_alive() for thread in writer._threads)
         counts = {s.labels["lane"]: s.value for m in latency.collect() for s in m.samples if s.name.endswith("_count")}
-        assert counts == {"claim": 2, "finish": 1}
+        assert counts == {"claim": 3, "finish": 1}
         with real() as session:
             rows = [session.get(Job, job.id) for job in jobs[:2]]
         assert [(row.status, row.attempts) for row in rows] == [(JobStatus.QUEUED, 0), (JobStatus.QUEUED, 1)]
