@@ -182,6 +182,7 @@ def test_the_oldest_waiting_job_is_found_behind_other_tasks_and_unreadable_messa
     try:
         client.celery_app.send_task(names.SWEEP, queue=queue)  # the oldest: not a job's message
         client.celery_app.send_task(names.RUN_JOB, args=[], queue=queue)  # no job id in it
+        client.celery_app.send_task(names.RUN_JOB, args=["not-a-uuid"], queue=queue)
         client.celery_app.send_task(names.RUN_JOB, args=[str(job_id)], queue=queue)
         with client.celery_app.connection_for_read() as connection:
             assert oldest_waiting_job(connection, queue) == job_id
