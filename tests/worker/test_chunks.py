@@ -60,6 +60,18 @@ def messages(client, queue):
     return found
 
 
+def sweep_until_finished(client, batch_id, timeout_s, what):
+    """Sweep (1 s grace) every 0.5 s, as beat does, until the batch is finished; returns how many
+    jobs the sweeps published again. Fails with ``what`` after ``timeout_s``."""
+    republished = 0
+    deadline = time.monotonic() + timeout_s
+    while not client.batch_status(batch_id).status.is_finished:
+        assert time.monotonic() < deadline, what
+        republished += client.sweep(older_than_s=1)
+        time.sleep(0.5)
+    return republished
+
+
 def test_a_bulk_batch_is_published_in_chunks_and_an_interactive_one_per_job(client):
     bulk(client, 20, max_tokens=1)
     client.enqueue_batch([GenerateRequest(prompt="Hello", max_tokens=1)] * 3)
@@ -292,12 +304,7 @@ def test_a_killed_worker_whose_messages_are_never_redelivered_is_recovered_by_th
     assert interrupted  # the kill caught jobs running
 
     start_worker(**settings)
-    republished = 0
-    deadline = time.monotonic() + 150
-    while not client.batch_status(batch_id).status.is_finished:  # what beat does, every 0.5 s here
-        assert time.monotonic() < deadline, "the killed worker's jobs were not recovered"
-        republished += client.sweep(older_than_s=1)
-        time.sleep(0.5)
+    republished = sweep_until_finished(client, batch_id, 150, "the killed worker's jobs were not recovered")
     table = assert_each_succeeded_once(client, batch_id, num_jobs)
     assert republished >= len(interrupted)
     ids = {j.custom_id: str(j.id) for j in client.jobs(batch_id)}
@@ -411,12 +418,7 @@ def test_a_worker_killed_between_taking_a_message_and_recording_it_unacked_loses
     assert (len(held), len(lost)) == (per_message, per_message)  # one message unacked, one nowhere
 
     start_worker(**settings)
-    republished = 0
-    deadline = time.monotonic() + 90
-    while not client.batch_status(batch_id).status.is_finished:  # what beat does, every 0.5 s here
-        assert time.monotonic() < deadline, "the lost message's jobs were not recovered"
-        republished += client.sweep(older_than_s=1)
-        time.sleep(0.5)
+    republished = sweep_until_finished(client, batch_id, 90, "the lost message's jobs were not recovered")
     assert_each_succeeded_once(client, batch_id, num_jobs)
     # the sweeper stamped the lost message's jobs as published again, and maybe the held one's
     with client.session_factory() as session:
