@@ -121,3 +121,30 @@ def test_own_modules_in_the_working_directory_change_nothing(shadowed_cwd):
                             env=env, capture_output=True, text=True, timeout=120)
     assert celery.returncode == 0, celery.stderr
     assert "weir.run_job" in celery.stdout or "celery:" in celery.stdout
+
+
+def test_the_repository_root_on_sys_path_does_not_shadow_an_installed_kernels_distribution():
+    # python -m pytest and python -c from a checkout put its root on sys.path, where kernels/ is
+    # found as `kernels` before the distribution of that name transformers (5.25 on) imports
+    code = (
+        "import importlib.metadata, sys\n"
+        "import transformers.activations\n"
+        "import weir.kernels\n"
+        "try:\n"
+        "    importlib.metadata.distribution('kernels')\n"
+        "except importlib.metadata.PackageNotFoundError:\n"
+        "    installed = False\n"
+        "else:\n"
+        "    installed = True\n"
+        "try:\n"
+        "    import kernels\n"
+        "except ImportError as e:\n"
+        "    print('refused', installed, e)\n"
+        "else:\n"
+        "    print('distribution' if kernels.__file__ != weir.kernels.__file__ else 'folder', installed)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[:2] in (["distribution", "True"], ["refused", "False"]), out.stdout
