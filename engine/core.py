@@ -125,6 +125,12 @@ class EngineCore:
                 results.append((out.request_id, out, None))
         return results
 
+    def take_started(self) -> list[str]:
+        """The requests the engine scheduled for the first time since the last call (their time
+        in its waiting queue is over; a caller's timeout may count from now), the ones a step
+        also finished included."""
+        return self.engine.scheduler.take_first_scheduled()
+
     def abort_all(self, error: BaseException) -> list[CoreResult]:
         """Abort every live request; each fails with ``error``."""
         results = []
@@ -154,7 +160,7 @@ class EngineCore:
 
 # Messages from the client: a list of CoreCall, or ("shutdown", drain). To the client:
 # ("ready", info), ("failed", error), and per step ("step", results, stats records, engine stats,
-# consecutive step failures).
+# consecutive step failures, ids of the requests the step scheduled for the first time).
 HEARTBEAT_S = 1.0
 """While requests are in flight the core sends a message at least this often, even when no step
 finished a request; the client reads a longer silence as a wedged core."""
@@ -249,14 +255,16 @@ def run_engine_core(conn, engine_args: dict, collect_stats: bool, num_threads: O
                         break
             if stopping and (not drain or not core.has_unfinished()):
                 results += core.abort_all(RuntimeError("engine shut down before the request finished"))
-                conn.send(("step", _picklable(results), stats.records, engine.stats(), 0))
+                conn.send(("step", _picklable(results), stats.records, engine.stats(), 0, []))
                 return
+            started: list[str] = []
             if core.has_unfinished():
                 results += core.step()
+                started = core.take_started()
             now = time.monotonic()
-            if results or stats.records or now - last_sent >= HEARTBEAT_S:
+            if results or started or stats.records or now - last_sent >= HEARTBEAT_S:
                 conn.send(("step", _picklable(results), stats.records, engine.stats(),
-                           core.consecutive_step_failures))
+                           core.consecutive_step_failures, started))
                 stats.records = []
                 last_sent = now
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -141,7 +141,7 @@ class EngineCoreClient(FrontBase):
                     if not waiting:
                         last = time.monotonic()
                     continue
-                kind, results, records, stats, failures = self._conn.recv()
+                kind, results, records, stats, failures, started = self._conn.recv()
             except (EOFError, OSError):
                 if self._stopping and not self._futures:
                     return
@@ -154,6 +154,7 @@ class EngineCoreClient(FrontBase):
             for scheduler_stats, iteration_stats in records:
                 for stat_logger in self.stat_loggers:
                     stat_logger.record(scheduler_stats, iteration_stats)
+            self._mark_started(started)
             self._deliver(results)
 
     def _died(self, why: str) -> None:

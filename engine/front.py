@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, TimeoutError as FutureTimeout
 
 from weir.engine.core import (AbortCall, ClassifyCall, CoreCall, CoreResult, EngineCore, GenerateCall,
                               ResetPrefixCacheCall)
@@ -25,7 +26,37 @@ from weir.model_source import prompt_text
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineFront", "EngineStepError", "FrontBase"]
+__all__ = ["EngineFront", "EngineStepError", "FrontBase", "deadline", "result_after_start"]
+
+
+def deadline(future: Future, timeout_s: float) -> float | None:
+    """When a request submitted through a front times out: ``timeout_s`` seconds after the
+    engine first scheduled it (``time.monotonic()`` clock), or None while it still waits in the
+    engine's queue (behind ``max_num_seqs`` running requests, or higher priorities), which does
+    not count."""
+    started = getattr(future, "started_at", None)
+    return None if started is None else started + timeout_s
+
+
+def result_after_start(future: Future, timeout_s: float, poll_s: float = 0.5):
+    """``future.result()``, waiting at most ``timeout_s`` seconds from the moment the engine
+    first scheduled the request (:func:`deadline`); the time it waits to be scheduled is not
+    limited here (the engine's own liveness checks cover a wedged engine).
+
+    Raises:
+        concurrent.futures.TimeoutError: no result ``timeout_s`` seconds after its start.
+        Whatever ``future.result()`` raises.
+    """
+    while True:
+        due = deadline(future, timeout_s)
+        wait_s = poll_s if due is None else due - time.monotonic()
+        if wait_s <= 0 and not future.done():
+            raise FutureTimeout()
+        try:
+            return future.result(timeout=max(wait_s, 0.0))
+        except FutureTimeout:
+            if due is not None:
+                raise
 
 
 def _resolve(fut: Future, result=None, error: BaseException | None = None) -> None:
@@ -76,6 +107,7 @@ class FrontBase:
                 raise RuntimeError("engine is shutting down")
             self._futures[rid] = fut
         fut.request_id = rid  # lets a caller abort it
+        fut.started_at = None  # time.monotonic() once the engine first schedules it
         self._send([make_call(rid)])
         fut.add_done_callback(self._abort_if_cancelled)
         return fut
@@ -83,6 +115,18 @@ class FrontBase:
     def _abort_if_cancelled(self, fut: Future) -> None:
         if fut.cancelled():
             self._send([AbortCall(fut.request_id)])
+
+    def _mark_started(self, request_ids: list[str]) -> None:
+        """Stamp ``started_at`` (``time.monotonic()``, seconds) on the futures of the requests
+        the engine has just scheduled for the first time."""
+        if not request_ids:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for rid in request_ids:
+                fut = self._futures.get(rid)
+                if fut is not None:
+                    fut.started_at = now
 
     def _deliver(self, results: list[CoreResult]) -> None:
         """Resolve the futures of the step loop's results (an aborted request's is cancelled)."""
@@ -247,4 +291,5 @@ class EngineFront(FrontBase):
             results = core.step()
             self.consecutive_step_failures = core.consecutive_step_failures
             self._stats = self._engine.stats()
+            self._mark_started(core.take_started())
             self._deliver(results)

@@ -113,6 +113,15 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # ids of the requests scheduled for the first time since the last take_first_scheduled()
+        self._first_scheduled: list[str] = []
+
+    def take_first_scheduled(self) -> list[str]:
+        """The ids of the requests scheduled for the first time (their ``first_scheduled_time``
+        set) since the last call, in scheduling order; a request preempted and scheduled again is
+        not listed again."""
+        ids, self._first_scheduled = self._first_scheduled, []
+        return ids
 
     def add_request(self, req: Request, front: bool = False) -> None:
         """Queue ``req``; ``front``: ahead of the waiting requests (under the priority policy, of
@@ -196,6 +205,7 @@ class Scheduler:
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = num_hit
                 req.metrics.setdefault("first_scheduled_time", time.time())
+                self._first_scheduled.append(req.request_id)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, n))

@@ -99,7 +99,7 @@ class WorkerSettings(_WeirSettings):
         None, gt=0, description="task threads and prefetch window of the model's interactive queue (priority-0 "
         "jobs, consumed on a channel of its own); default max_num_seqs")
     visibility_timeout_s: int = Field(3600, gt=0, description="Redis redelivers an unacked message this long after its fetch")
-    job_timeout_s: float = Field(600.0, gt=0, description="one attempt of a job in the engine, seconds")
+    job_timeout_s: float = Field(600.0, gt=0, description="one attempt of a job in the engine, seconds from its first scheduling")
     max_attempts: int = Field(3, ge=1, description="attempts (deliveries that started the job) before it fails")
     db_retry_timeout_s: float = Field(300.0, ge=0, description="retry transient database errors this long")
     shutdown_timeout_s: float = Field(60.0, ge=0, description="warm shutdown: running jobs get this long")

@@ -149,7 +149,7 @@ class _Run:
     job: Job
     request: Any
     claimed_at: float
-    deadline: float
+    started_at: Optional[float] = None  # when the engine first scheduled its (first) request
     first: Any = None  # a flagged description's first output, while its retry runs
     timed_out: bool = False
 
@@ -215,7 +215,7 @@ class _ChunkRun:
                 runtime.give_slot()
                 self._submit_failed(job, now, exc)
                 continue
-            self._track(future, _Run(job, request, now, now + self.timeout_s))
+            self._track(future, _Run(job, request, now))
 
     def _track(self, future: Future, run: _Run) -> None:
         self.in_engine[future] = run
@@ -290,9 +290,13 @@ class _ChunkRun:
         self._track(second, run)
 
     def _check_deadlines(self) -> None:
+        from weir.engine.front import deadline
+
         now = time.monotonic()
         for future, run in list(self.in_engine.items()):
-            if not run.timed_out and now > run.deadline:
+            if run.started_at is None:  # a description's retry keeps the first request's start
+                run.started_at = deadline(future, 0.0)
+            if not run.timed_out and run.started_at is not None and now > run.started_at + self.timeout_s:
                 run.timed_out = True
                 self.runtime.front.abort(future)
 

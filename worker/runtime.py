@@ -345,7 +345,6 @@ class WorkerRuntime:
             raise EngineFailed(str(exc)) from exc
         except Exception as exc:  # the job's failure, not the worker's: record it and go on
             return self._failure(job, exc)
-        started = time.monotonic()
         output = self._wait(job, future, timeout_s)
         if isinstance(output, Exception):
             return self._failure(job, output)
@@ -354,6 +353,7 @@ class WorkerRuntime:
         retry = self.description_retry(request, output)
         if retry is None:
             return self._generated(output, request)
+        first_started_at = future.started_at  # set: the engine ran it
         # a flagged description: one more attempt with the retry sampling, the first clean one kept
         try:
             future = self._submit_generate(request, retry)
@@ -362,7 +362,7 @@ class WorkerRuntime:
             raise EngineFailed(str(exc)) from exc
         except Exception as exc:
             return self._failure(job, exc)
-        second = self._wait(job, future, max(1e-3, timeout_s - (time.monotonic() - started)))
+        second = self._wait(job, future, max(1e-3, timeout_s - (time.monotonic() - first_started_at)))
         if isinstance(second, Exception):
             return self._failure(job, second)
         return self.kept_description(request, output, second)
@@ -485,12 +485,12 @@ class WorkerRuntime:
 
     def _wait(self, job: Job, future: Future, timeout_s: float):
         """The future's result, or the request's own error as a value; raises as :meth:`run` says."""
-        from weir.engine.front import EngineStepError
+        from weir.engine.front import EngineStepError, result_after_start
 
         self.track(job, future)
         try:
             try:
-                return future.result(timeout=timeout_s)
+                return result_after_start(future, timeout_s)
             except FutureTimeout:
                 self.front.abort(future)
                 raise JobTimedOut(f"no result after {timeout_s:g}s (WEIR_JOB_TIMEOUT_S); aborted") from None

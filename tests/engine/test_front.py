@@ -88,3 +88,53 @@ def test_calibrated_classify_matches_offline_and_reuses_the_prior(llm):
         assert g.label == want.label
         assert g.logprobs == pytest.approx(want.logprobs, abs=1e-5)
         assert sum(g.probs.values()) == pytest.approx(1.0)
+
+
+@pytest.fixture(params=["thread", "process"])
+def one_seq_front(request, tiny_llama_dir):
+    """A front whose engine runs one request at a time: the step loop on a thread of this
+    process (EngineFront), or the engine core in a process of its own (EngineCoreClient)."""
+    from weir.engine.core_client import EngineCoreClient
+
+    args = dict(model=tiny_llama_dir, skip_tokenizer_init=True, num_gpu_blocks_override=64, max_num_seqs=1,
+                max_model_len=256)
+    front = EngineFront(LLM(**args)) if request.param == "thread" else EngineCoreClient(args)
+    yield front
+    front.shutdown(drain=False)
+
+
+def test_started_at_is_stamped_when_the_engine_first_schedules_a_request_not_when_it_is_queued(one_seq_front):
+    import time
+
+    from weir.engine.front import deadline
+
+    long = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    first = one_seq_front.submit_generate([5, 6, 7], long)
+    first_done = []
+    first.add_done_callback(lambda _: first_done.append(time.monotonic()))
+    second = one_seq_front.submit_generate([8, 9], GREEDY)  # waits for first's place in the engine
+    second.result(timeout=60)
+    assert first_done and first.started_at is not None
+    assert first.started_at < first_done[0] <= second.started_at  # queued behind first: not started
+    assert deadline(second, 2.5) == second.started_at + 2.5
+
+
+def test_result_after_start_does_not_count_the_wait_in_the_engines_queue():
+    import threading
+    import time
+    from concurrent.futures import Future, TimeoutError as FutureTimeout
+
+    from weir.engine.front import result_after_start
+
+    queued = Future()
+    queued.started_at = None
+    threading.Timer(0.6, queued.set_result, args=("done",)).start()  # never scheduled within 0.2 s
+    assert result_after_start(queued, 0.2, poll_s=0.05) == "done"
+
+    running = Future()
+    running.started_at = None
+    start = time.monotonic() + 0.1
+    threading.Timer(0.1, setattr, args=(running, "started_at", start)).start()
+    with pytest.raises(FutureTimeout):
+        result_after_start(running, 0.3, poll_s=0.05)
+    assert time.monotonic() >= start + 0.3  # 0.3 s from its start, not from the call

@@ -1,0 +1,75 @@
+"""Kill and restart on the real model (the packaged SmolLM2-135M-Instruct): what the tiny random
+models cannot show. A real model's jobs take seconds each on a CPU, so a job timeout of 8 s, the
+engine's own batching at ``max_num_seqs`` 8 and a restart that loads the model again all bear on
+whether every job still succeeds once, with the offline engine's exact output.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from weir.jobs.db import JobStatus
+from weir.jobs.schemas import BULK_PRIORITY, INTERACTIVE_PRIORITY, GenerateRequest
+
+from tests.worker.conftest import REPO_ROOT
+from tests.worker.test_faults import assert_each_succeeded_once, assert_runs_and_writes, rows, wait_until, with_status
+
+pytestmark = pytest.mark.integration
+
+NUM_JOBS = 40
+MAX_TOKENS = 48
+MAX_NUM_SEQS = 8
+# One OpenMP thread on both sides: the same kernels' reduction order, so greedy outputs compare
+# exactly, and the job side keeps a core while the engine core runs.
+THREADS = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from bench.feeder import prompts
+
+    return prompts(NUM_JOBS)  # one-sentence product descriptions, W-gen's chat prompt
+
+
+@pytest.fixture(scope="module")
+def offline_texts(prompts):
+    """``LLM.generate`` in a fresh process on the same prompts and engine settings."""
+    env = dict(os.environ, **THREADS)
+    out = subprocess.run([sys.executable, "-m", "bench.feeder", "--offline-child", str(NUM_JOBS), str(MAX_TOKENS),
+                          str(MAX_NUM_SEQS)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])["texts"]
+
+
+@pytest.mark.parametrize("priority", [INTERACTIVE_PRIORITY, BULK_PRIORITY], ids=["one message per job", "bulk chunks"])
+def test_sigkill_mid_batch_on_the_real_model_then_restart_succeeds_every_job_with_the_offline_output(
+        start_worker, client, hooked, effects, prompts, offline_texts, priority):
+    from weir.engine.engine_args import EngineArgs
+    from weir.model_source import default_model_path
+
+    env, runs = hooked
+    # The engine's defaults (its CPU KV cache, the engine core process); 8 s per job, and Redis
+    # redelivers past 2 * 8 + 1 s.
+    settings = dict(env, **THREADS, WEIR_MODEL=default_model_path(), WEIR_MAX_NUM_SEQS=str(MAX_NUM_SEQS),
+                    WEIR_CONCURRENCY=str(MAX_NUM_SEQS), WEIR_JOB_TIMEOUT_S="8", WEIR_DB_RETRY_TIMEOUT_S="1",
+                    WEIR_VISIBILITY_TIMEOUT_S="18", WEIR_CPU_KV_CACHE_BYTES=str(EngineArgs.cpu_kv_cache_bytes))
+    worker = start_worker(**settings)
+    batch_id = client.enqueue_batch([
+        GenerateRequest(prompt=p, custom_id=f"job-{i}", temperature=0, max_tokens=MAX_TOKENS)
+        for i, p in enumerate(prompts)], priority=priority)
+    wait_until(lambda: client.batch_status(batch_id).num_succeeded >= MAX_NUM_SEQS, timeout_s=300,
+               what=f"{MAX_NUM_SEQS} jobs done")
+    worker.sigkill()
+    at_kill = rows(client, batch_id)
+    interrupted = with_status(at_kill, JobStatus.RUNNING)
+    assert interrupted and len(with_status(at_kill, JobStatus.SUCCEEDED)) < NUM_JOBS  # the kill caught the batch mid-way
+
+    start_worker(**settings)
+    client.wait(batch_id, timeout_s=600)
+
+    table = assert_each_succeeded_once(client, batch_id, NUM_JOBS)  # 40 of 40, none failed by its timeout
+    assert {c: row[3] for c, row in table.items()} == {f"job-{i}": text for i, text in enumerate(offline_texts)}
+    assert_runs_and_writes(client, batch_id, runs, effects, interrupted)
