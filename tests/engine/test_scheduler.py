@@ -208,3 +208,24 @@ def test_strict_priority_needs_the_priority_policy():
     kv = KVCacheManager(BlockPool(4, False), 4, lambda src, dst: None)
     with pytest.raises(ValueError, match="strict_priority=True needs scheduling_policy='priority'"):
         Scheduler(kv, 4, 64, max_model_len=64, strict_priority=True)
+
+
+
+def test_take_first_scheduled_lists_each_request_once_at_its_first_scheduling():
+    s = make(num_blocks=3, max_num_seqs=2)
+    a, b, c = req("a", 4), req("b", 4), req("c", 4)
+    for r in (a, b, c):
+        s.add_request(r)
+    assert s.take_first_scheduled() == []  # queued is not started
+    step(s)  # a and b run (max_num_seqs 2)
+    assert s.take_first_scheduled() == ["a", "b"]
+    assert s.take_first_scheduled() == []  # taken
+    s.abort("a")  # its place and block free
+    step(s)  # c takes a's place
+    assert s.take_first_scheduled() == ["c"]
+    step(s)  # c's sixth token needs a second block, none is free: c, the latest admitted, is preempted
+    assert c.status == RequestStatus.PREEMPTED
+    s.abort("b")
+    step(s)
+    assert c.status == RequestStatus.RUNNING
+    assert s.take_first_scheduled() == []  # scheduled again after a preemption: not a first start
