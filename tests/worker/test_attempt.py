@@ -213,7 +213,7 @@ class FakeClock:
 
 
 def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_what_it_is_told(
-        postgres_url, monkeypatch):
+        postgres_url, monkeypatch, caplog):
     """Group commit's retry: a transient error puts the whole group back after 1, 2, 4 ... s
     (README "Guarantees"); one transaction then releases two leases, refunding the start of the
     one released for an engine failure only. Groups hold at most ``max_jobs`` writes, and each
@@ -240,6 +240,10 @@ def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_w
         futures = [writer.release_async(claimed[0], refund_attempt=True), writer.release_async(claimed[1])]
         assert [f.result(timeout=30) for f in futures] == [True, True]
         assert (clock.sleeps, writer.num_transactions) == ([1, 2, 4], 1)
+        retried = [r.getMessage() for r in caplog.records if r.name == "weir.worker.group_commit"]
+        assert [m.split(" (try ")[0] for m in retried] == [
+            f"transient database error, 2 writes retried in {s}s" for s in (1, 2, 4)]
+        assert [m.split(" (try ")[1].split(")")[0] for m in retried] == ["2", "3", "4"]  # the try to come
         claims = [writer.claim_async(jobs[2].id)]
         real_time.sleep(0.1)  # within the group's 2 s window: the same transaction
         claims.append(writer.claim_async(jobs[3].id))
@@ -335,5 +339,26 @@ def test_a_write_within_a_window_under_a_second_joins_the_group(postgres_url):
         assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
         writer.close()
         assert writer.num_transactions == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_window_already_over_takes_only_what_is_queued_and_a_closed_writer_refuses(postgres_url):
+    """With a window shorter than the time to take one write, a group is what is already queued
+    (never a wait with a negative timeout); after ``close`` every call raises CommitterStopped."""
+    from weir.worker.group_commit import CommitterStopped, GroupCommitter
+
+    engine = make_engine(postgres_url)
+    session_factory = make_session_factory(engine)
+    try:
+        with session_factory.begin() as session:
+            _, jobs = store.create_batch(session, [GenerateRequest(prompt=p) for p in "pq"], model="tiny")
+        writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
+                                model_name=lambda: "tiny", retry_timeout_s=5, max_wait_s=1e-9)
+        claims = [writer.claim_async(job.id) for job in jobs]
+        assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
+        writer.close()
+        with pytest.raises(CommitterStopped, match="the worker's database writer is closed"):
+            writer.claim_async(jobs[0].id)
     finally:
         engine.dispose()
