@@ -263,9 +263,12 @@ def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_w
         engine.dispose()
 
 
-def test_a_group_gives_up_once_the_next_retry_would_end_past_its_deadline(postgres_url, monkeypatch):
+@pytest.mark.parametrize("retry_timeout_s", [30, 25])
+def test_a_group_gives_up_once_the_next_retry_would_end_past_its_deadline(postgres_url, monkeypatch,
+                                                                          retry_timeout_s):
     """With ``retry_timeout_s`` 30 and the database down: retries after 1, 2, 4, 8 and 10 s (the
-    backoff's cap), then :class:`DatabaseUnavailable`, since another 10 s would end past 30 s."""
+    backoff's cap), then :class:`DatabaseUnavailable`, since another 10 s would end past 30 s.
+    With 25 s the same: the retry after 10 s ends exactly at the deadline, which is not past it."""
     from weir.worker import group_commit
     from weir.worker.group_commit import GroupCommitter
 
@@ -274,8 +277,8 @@ def test_a_group_gives_up_once_the_next_retry_would_end_past_its_deadline(postgr
     monkeypatch.setattr(group_commit, "time", clock)
     try:
         writer = GroupCommitter(FlakyFactory(make_session_factory(engine), None), worker="w", lease_s=60,
-                                max_attempts=3, model_name=lambda: "tiny", retry_timeout_s=30)
-        with pytest.raises(group_commit.DatabaseUnavailable, match="database unreachable for 30s"):
+                                max_attempts=3, model_name=lambda: "tiny", retry_timeout_s=retry_timeout_s)
+        with pytest.raises(group_commit.DatabaseUnavailable, match=f"database unreachable for {retry_timeout_s}s"):
             writer.claim(uuid.uuid4())
         writer.close()
         assert clock.sleeps == [1, 2, 4, 8, 10]
