@@ -8,10 +8,16 @@ mutates one operator at a time **in the files on disk**, runs the tests (``pytes
 records whether they failed (killed) or passed (survived).
 
 Outside CI (an hour or more on 2 cores). Run it in a clone of its own, never in a checkout you
-work in, with the clone installed (``pip install -e ".[mutation]"``) in the Python that runs it::
+work in, with the clone installed in a virtual environment of its own (an editable install of the
+clone into the Python you work with would point ``weir`` at the mutated files)::
 
-    git clone -q . /tmp/weir-mutation && cd /tmp/weir-mutation && pip install -e ".[mutation]"
-    python -m tests.mutation [--target app|claims|sweeper_read|group_commit|sweeper] [--dir mutation-out]
+    git clone -q . /tmp/weir-mutation && cd /tmp/weir-mutation
+    python -m venv --system-site-packages .venv && .venv/bin/pip install -e ".[mutation]"
+    .venv/bin/python -m tests.mutation [--target app|claims|sweeper_read|group_commit|sweeper] [--timeout-s 60]
+
+Two targets may run at once, each in its own clone and environment (two cores: about 35 s a
+mutant each). ``--timeout-s`` bounds a mutant's test run (one that hangs counts as killed): keep
+it near twice the tests' normal time, or a hanging mutant costs the default 600 s.
 
 Writes ``<dir>/<target>.toml`` and ``<dir>/<target>.sqlite`` (the session; ``cr-report``,
 ``cr-html`` and ``cosmic-ray dump`` read it) and prints each target's counts and its surviving
