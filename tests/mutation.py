@@ -33,6 +33,7 @@ import ast
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -76,6 +77,20 @@ TARGETS = (
     Target("sweeper", "jobs/sweeper.py", None,
            ("tests/jobs/test_sweeper.py", "tests/jobs/test_client.py", "-k", "lost or sweep")),
 )
+
+
+def tool(name: str) -> str:
+    """A cosmic-ray command: beside this Python (its environment's ``bin``), else on ``PATH`` (an
+    environment with the system's site-packages finds cosmic-ray installed there, scripts and all).
+
+    Raises:
+        FileNotFoundError: neither has it (``pip install -e ".[mutation]"``).
+    """
+    local = os.path.join(os.path.dirname(sys.executable), name)
+    found = local if os.path.exists(local) else shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found; pip install -e \".[mutation]\"")
+    return found
 
 
 def line_ranges(path: str, functions: Optional[Sequence[str]]) -> list[str]:
@@ -127,7 +142,7 @@ def run(command: Sequence[str]) -> None:
 
 def survivors(session: str) -> list[dict]:
     """The mutants whose tests passed, from ``cosmic-ray dump``."""
-    dump = subprocess.run([os.path.join(os.path.dirname(sys.executable), "cosmic-ray"), "dump", session],
+    dump = subprocess.run([tool("cosmic-ray"), "dump", session],
                           cwd=REPO_ROOT, check=True, capture_output=True, text=True).stdout
     found = []
     for line in dump.splitlines():
@@ -145,7 +160,7 @@ def recheck(target: Target, session: str, timeout_s: float) -> None:
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *target.tests]
     for mutant in survivors(session):
         try:
-            run([os.path.join(os.path.dirname(sys.executable), "cosmic-ray"), "apply", mutant["module_path"],
+            run([tool("cosmic-ray"), "apply", mutant["module_path"],
                  mutant["operator_name"], str(mutant["occurrence"])])
             try:
                 passed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, timeout=timeout_s).returncode == 0
@@ -173,7 +188,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"the checkout has uncommitted changes; cosmic-ray edits files in place:\n{status}")
     out = os.path.join(REPO_ROOT, args.dir)
     os.makedirs(out, exist_ok=True)
-    bin_dir = os.path.dirname(sys.executable)
     for target in TARGETS:
         if args.target and target.name not in args.target:
             continue
@@ -187,13 +201,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f.write(config_text(target, args.timeout_s))
         try:
             if not os.path.exists(session):
-                run([os.path.join(bin_dir, "cosmic-ray"), "init", config, session])
-                run([os.path.join(bin_dir, "cr-filter-lines"), "--config", config, session])
-                run([os.path.join(bin_dir, "cr-filter-operators"), session, config])
-            run([os.path.join(bin_dir, "cosmic-ray"), "exec", config, session])  # resumes a session
+                run([tool("cosmic-ray"), "init", config, session])
+                run([tool("cr-filter-lines"), "--config", config, session])
+                run([tool("cr-filter-operators"), session, config])
+            run([tool("cosmic-ray"), "exec", config, session])  # resumes a session
         finally:  # a mutant left on disk by an interrupted run
             subprocess.run(["git", "checkout", "--", target.path], cwd=REPO_ROOT, check=True)
-        run([os.path.join(bin_dir, "cr-report"), "--show-pending", session])
+        run([tool("cr-report"), "--show-pending", session])
         for mutant in survivors(session):
             print(f"SURVIVED {target.path}:{mutant['start_pos'][0]} {mutant['operator_name']}"
                   f" #{mutant['occurrence']}\n{mutant['diff']}", flush=True)
