@@ -34,7 +34,7 @@ def deadline(future: Future, timeout_s: float) -> float | None:
     engine first scheduled it (``time.monotonic()`` clock), or None while it still waits in the
     engine's queue (behind ``max_num_seqs`` running requests, or higher priorities), which does
     not count."""
-    started = getattr(future, "started_at", None)
+    started = getattr(getattr(future, "request_future", future), "started_at", None)
     return None if started is None else started + timeout_s
 
 
@@ -199,6 +199,7 @@ class FrontBase:
                 self._priors[key] = prior
         out: Future = Future()
         out.request_id = fut.request_id
+        out.request_future = fut  # its start (``deadline``) is the classification request's
         once = threading.Lock()
 
         def combine(_):

@@ -18,9 +18,9 @@ if __name__ == "kernels":
     import os as _os
     import sys as _sys
 
-    _repo_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-    _spec = _machinery.PathFinder.find_spec(
-        "kernels", [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != _repo_root])
+    _repo_root = _os.path.dirname(_os.path.dirname(_os.path.realpath(__file__)))
+    _spec = _machinery.PathFinder.find_spec(  # realpath: the root may be on sys.path through a symlink too
+        "kernels", [p for p in _sys.path if _os.path.realpath(p or _os.curdir) != _repo_root])
     if _spec is None:
         raise ImportError("weir's kernels folder is imported as weir.kernels, not as kernels",
                           name="kernels")

@@ -237,7 +237,7 @@ class _ChunkRun:
     # ---- outputs ------------------------------------------------------------------------------------
 
     def _engine_done(self, future: Future) -> None:
-        from weir.engine.front import EngineStepError
+        from weir.engine.front import EngineStepError, deadline
 
         runtime = self.runtime
         run = self.in_engine.pop(future)
@@ -287,6 +287,8 @@ class _ChunkRun:
             self._submit_failed(job, run.claimed_at, exc)
             return
         run.first = output
+        if run.started_at is None:  # the first request ran between two deadline checks
+            run.started_at = deadline(future, 0.0)
         self._track(second, run)
 
     def _check_deadlines(self) -> None:

@@ -138,3 +138,18 @@ def test_result_after_start_does_not_count_the_wait_in_the_engines_queue():
     with pytest.raises(FutureTimeout):
         result_after_start(running, 0.3, poll_s=0.05)
     assert time.monotonic() >= start + 0.3  # 0.3 s from its start, not from the call
+
+
+def test_a_calibrated_classification_has_the_start_of_its_own_request(llm):
+    from weir.engine.front import deadline
+
+    llm.processor.encode_labels = lambda labs, texts=None: [[10, 11], [12]]  # no tokenizer in this tiny model
+    try:
+        front = EngineFront(llm)
+        out = front.submit_classify([7, 8, 9, 10], ["x", "y"], calibration_prompt=[4, 4, 4])
+        out.result(timeout=60)
+        front.shutdown()
+    finally:
+        del llm.processor.encode_labels
+    assert out.request_future.started_at is not None
+    assert deadline(out, 3.0) == out.request_future.started_at + 3.0  # else a wait for it never times out
