@@ -286,82 +286,79 @@ def test_a_group_gives_up_once_the_next_retry_would_end_past_its_deadline(postgr
         engine.dispose()
 
 
-def test_a_group_the_database_refuses_for_good_is_written_again_one_by_one(postgres_url, caplog):
+@pytest.fixture
+def session_factory(postgres_url):
+    """A session factory on the test database; its engine disposed at the end."""
+    engine = make_engine(postgres_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def new_jobs(session_factory, prompts):
+    with session_factory.begin() as session:
+        return store.create_batch(session, [GenerateRequest(prompt=p) for p in prompts], model="tiny")[1]
+
+
+def committer(session_factory, **kwargs):
+    """A GroupCommitter of worker ``w`` (60 s leases, 3 attempts, a 5 s retry budget)."""
+    from weir.worker.group_commit import GroupCommitter
+
+    return GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3, model_name=lambda: "tiny",
+                          retry_timeout_s=5, **kwargs)
+
+
+def test_a_group_the_database_refuses_for_good_is_written_again_one_by_one(session_factory, caplog):
     """A non-transient error in a group of writes fails only the write that caused it: the
     group is written again one write to a transaction, and the others commit."""
     from sqlalchemy.exc import DataError
 
-    from weir.worker.group_commit import GroupCommitter
-
-    engine = make_engine(postgres_url)
-    session_factory = make_session_factory(engine)
-    try:
-        with session_factory.begin() as session:
-            _, jobs = store.create_batch(session, [GenerateRequest(prompt=p) for p in "pqr"], model="tiny")
-            claimed = [store.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs]
-        writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
-                                model_name=lambda: "tiny", retry_timeout_s=5, max_wait_s=0.5)
-        ok = JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop")
-        # finish_reason is VARCHAR(16): Postgres refuses this one, and would every time
-        bad = JobResult(status=JobStatus.SUCCEEDED, output_text="y", finish_reason="a-reason-far-too-long")
-        futures = [writer.finish_async(claimed[0], ok), writer.finish_async(claimed[1], bad),
-                   writer.finish_async(claimed[2], ok)]
-        assert futures[0].result(timeout=30) is True and futures[2].result(timeout=30) is True
-        with pytest.raises(DataError, match="value too long"):
-            futures[1].result(timeout=30)
-        writer.close()
-        assert writer.num_transactions == 2  # the two good writes, one by one; the failed tries count none
-        assert [r.getMessage() for r in caplog.records if r.name == "weir.worker.group_commit"] == [
-            "a group of 3 writes failed ((psycopg.errors.StringDataRightTruncation) value too long for type "
-            "character varying(16)); writing them one by one"]
-        with session_factory() as session:
-            rows = [session.get(Job, job.id) for job in jobs]
-        assert [(row.status, row.output_text) for row in rows] == [
-            (JobStatus.SUCCEEDED, "x"), (JobStatus.RUNNING, None), (JobStatus.SUCCEEDED, "x")]
-    finally:
-        engine.dispose()
+    jobs = new_jobs(session_factory, "pqr")
+    with session_factory.begin() as session:
+        claimed = [store.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs]
+    writer = committer(session_factory, max_wait_s=0.5)
+    ok = JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop")
+    # finish_reason is VARCHAR(16): Postgres refuses this one, and would every time
+    bad = JobResult(status=JobStatus.SUCCEEDED, output_text="y", finish_reason="a-reason-far-too-long")
+    futures = [writer.finish_async(claimed[0], ok), writer.finish_async(claimed[1], bad),
+               writer.finish_async(claimed[2], ok)]
+    assert futures[0].result(timeout=30) is True and futures[2].result(timeout=30) is True
+    with pytest.raises(DataError, match="value too long"):
+        futures[1].result(timeout=30)
+    writer.close()
+    assert writer.num_transactions == 2  # the two good writes, one by one; the failed tries count none
+    assert [r.getMessage() for r in caplog.records if r.name == "weir.worker.group_commit"] == [
+        "a group of 3 writes failed ((psycopg.errors.StringDataRightTruncation) value too long for type "
+        "character varying(16)); writing them one by one"]
+    with session_factory() as session:
+        rows = [session.get(Job, job.id) for job in jobs]
+    assert [(row.status, row.output_text) for row in rows] == [
+        (JobStatus.SUCCEEDED, "x"), (JobStatus.RUNNING, None), (JobStatus.SUCCEEDED, "x")]
 
 
-def test_a_write_within_a_window_under_a_second_joins_the_group(postgres_url):
+def test_a_write_within_a_window_under_a_second_joins_the_group(session_factory):
     """``max_wait_s`` below one second still holds the group open: a claim 0.1 s after the
     first, within a 0.5 s window, shares its transaction."""
     import time
 
-    from weir.worker.group_commit import GroupCommitter
-
-    engine = make_engine(postgres_url)
-    session_factory = make_session_factory(engine)
-    try:
-        with session_factory.begin() as session:
-            _, jobs = store.create_batch(session, [GenerateRequest(prompt=p) for p in "pq"], model="tiny")
-        writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
-                                model_name=lambda: "tiny", retry_timeout_s=5, max_wait_s=0.5)
-        claims = [writer.claim_async(jobs[0].id)]
-        time.sleep(0.1)
-        claims.append(writer.claim_async(jobs[1].id))
-        assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
-        writer.close()
-        assert writer.num_transactions == 1
-    finally:
-        engine.dispose()
+    jobs = new_jobs(session_factory, "pq")
+    writer = committer(session_factory, max_wait_s=0.5)
+    claims = [writer.claim_async(jobs[0].id)]
+    time.sleep(0.1)
+    claims.append(writer.claim_async(jobs[1].id))
+    assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
+    writer.close()
+    assert writer.num_transactions == 1
 
 
-def test_a_window_already_over_takes_only_what_is_queued_and_a_closed_writer_refuses(postgres_url):
+def test_a_window_already_over_takes_only_what_is_queued_and_a_closed_writer_refuses(session_factory):
     """With a window shorter than the time to take one write, a group is what is already queued
     (never a wait with a negative timeout); after ``close`` every call raises CommitterStopped."""
-    from weir.worker.group_commit import CommitterStopped, GroupCommitter
+    from weir.worker.group_commit import CommitterStopped
 
-    engine = make_engine(postgres_url)
-    session_factory = make_session_factory(engine)
-    try:
-        with session_factory.begin() as session:
-            _, jobs = store.create_batch(session, [GenerateRequest(prompt=p) for p in "pq"], model="tiny")
-        writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
-                                model_name=lambda: "tiny", retry_timeout_s=5, max_wait_s=1e-9)
-        claims = [writer.claim_async(job.id) for job in jobs]
-        assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
-        writer.close()
-        with pytest.raises(CommitterStopped, match="the worker's database writer is closed"):
-            writer.claim_async(jobs[0].id)
-    finally:
-        engine.dispose()
+    jobs = new_jobs(session_factory, "pq")
+    writer = committer(session_factory, max_wait_s=1e-9)
+    claims = [writer.claim_async(job.id) for job in jobs]
+    assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
+    writer.close()
+    with pytest.raises(CommitterStopped, match="the worker's database writer is closed"):
+        writer.claim_async(jobs[0].id)
