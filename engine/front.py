@@ -26,7 +26,14 @@ from weir.model_source import prompt_text
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineFront", "EngineStepError", "FrontBase", "deadline", "result_after_start"]
+__all__ = ["EngineFront", "EngineStepError", "FrontBase", "deadline", "result_after_start", "started_at"]
+
+
+def started_at(future: Future) -> float | None:
+    """When the engine first scheduled a request submitted through a front (``time.monotonic()``
+    seconds), or None while it waits in the engine's queue; for a calibrated classification, its
+    own request's."""
+    return getattr(getattr(future, "request_future", future), "started_at", None)
 
 
 def deadline(future: Future, timeout_s: float) -> float | None:
@@ -34,7 +41,7 @@ def deadline(future: Future, timeout_s: float) -> float | None:
     engine first scheduled it (``time.monotonic()`` clock), or None while it still waits in the
     engine's queue (behind ``max_num_seqs`` running requests, or higher priorities), which does
     not count."""
-    started = getattr(getattr(future, "request_future", future), "started_at", None)
+    started = started_at(future)
     return None if started is None else started + timeout_s
 
 

@@ -237,7 +237,7 @@ class _ChunkRun:
     # ---- outputs ------------------------------------------------------------------------------------
 
     def _engine_done(self, future: Future) -> None:
-        from weir.engine.front import EngineStepError, deadline
+        from weir.engine.front import EngineStepError, started_at
 
         runtime = self.runtime
         run = self.in_engine.pop(future)
@@ -288,16 +288,16 @@ class _ChunkRun:
             return
         run.first = output
         if run.started_at is None:  # the first request ran between two deadline checks
-            run.started_at = deadline(future, 0.0)
+            run.started_at = started_at(future)
         self._track(second, run)
 
     def _check_deadlines(self) -> None:
-        from weir.engine.front import deadline
+        from weir.engine.front import started_at
 
         now = time.monotonic()
         for future, run in list(self.in_engine.items()):
             if run.started_at is None:  # a description's retry keeps the first request's start
-                run.started_at = deadline(future, 0.0)
+                run.started_at = started_at(future)
             if not run.timed_out and run.started_at is not None and now > run.started_at + self.timeout_s:
                 run.timed_out = True
                 self.runtime.front.abort(future)

@@ -332,7 +332,7 @@ class WorkerRuntime:
             JobTimedOut: past ``timeout_s``; the request was aborted.
             JobCancelled: the job was cancelled or its lease lost; the request was aborted.
         """
-        from weir.engine.front import EngineStepError, deadline
+        from weir.engine.front import EngineStepError, started_at
 
         if self._stopping:
             raise EngineStopping("the engine is shutting down", started=False)
@@ -353,7 +353,7 @@ class WorkerRuntime:
         retry = self.description_retry(request, output)
         if retry is None:
             return self._generated(output, request)
-        first_started_at = deadline(future, 0.0) or time.monotonic()  # set once the engine ran it
+        first_started_at = started_at(future) or time.monotonic()  # set once the engine ran it
         # a flagged description: one more attempt with the retry sampling, the first clean one kept
         try:
             future = self._submit_generate(request, retry)
