@@ -349,7 +349,8 @@ class Client:
                 request and given to the engine; None keeps each request's own (default
                 :data:`~weir.jobs.schemas.INTERACTIVE_PRIORITY`, 0). A batch above priority 0
                 (:data:`~weir.jobs.schemas.BULK_PRIORITY`, the catalog job's, is 9) is published
-                to the model's queue, ``WEIR_BULK_CHUNK_SIZE`` jobs to a message, at the
+                to the model's bulk queue (:func:`weir.jobs.names.bulk_queue`),
+                ``WEIR_BULK_CHUNK_SIZE`` jobs to a message, at the
                 broker's priority level :func:`broker_priority` of it; any other batch one
                 message per job to the model's interactive queue
                 (:func:`weir.jobs.names.interactive_queue`), which workers consume in a
@@ -403,7 +404,7 @@ class Client:
         try:
             bulk = priority is not None and priority > INTERACTIVE_PRIORITY
             self._publish_batch(celery_app, batch_id, timings.num_jobs, chunk_size,
-                                self.queue if bulk else names.interactive_queue(self.queue),
+                                names.bulk_queue(self.queue) if bulk else names.interactive_queue(self.queue),
                                 broker_priority(INTERACTIVE_PRIORITY if priority is None else priority),
                                 self.settings.worker.bulk_chunk_size if bulk else 1)
         finally:

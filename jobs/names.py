@@ -11,9 +11,10 @@ import re
 from typing import Optional
 
 RUN_JOB = "weir.run_job"
+"""Run one job row. Args: ``(job_id: str)``."""
+
 RUN_CHUNK = "weir.run_chunk"
 """A bulk batch's jobs, many to a message (args: their ids); see ``weir.worker.chunk``."""
-"""Run one job row. Args: ``(job_id: str)``."""
 
 ENRICH_CATALOG = "weir.enrich_catalog"
 """Enqueue one enrichment batch for a catalog file. Args: ``(catalog_path: str)``."""
@@ -58,10 +59,22 @@ def interactive_queue(queue: str) -> str:
     return queue + INTERACTIVE_SUFFIX
 
 
+BULK_SUFFIX = ".bulk"
+
+
+def bulk_queue(queue: str) -> str:
+    """The queue of a model queue's bulk chunks (``run_chunk`` messages of batches above priority
+    0): every worker of the model consumes it on a channel and prefetch window of its own, no
+    wider than the chunks that fill its engine, so the rest of a batch waits in the broker for
+    whichever worker frees first, and the model queue's window stays free for per-job messages."""
+    return queue + BULK_SUFFIX
+
+
 def job_queues(queue: str) -> list[str]:
-    """Every queue that carries a model queue's job messages: the queue itself (bulk chunks),
-    its interactive queue and its control queue (the sweeper's republished jobs)."""
-    return [queue, interactive_queue(queue), control_queue(queue)]
+    """Every queue that carries a model queue's job messages: the queue itself (per-job messages
+    of bulk jobs published again alone), its bulk queue (chunks), its interactive queue and its
+    control queue (the sweeper's republished jobs)."""
+    return [queue, bulk_queue(queue), interactive_queue(queue), control_queue(queue)]
 
 
 def queue_for_model(model: Optional[str], override: Optional[str] = None) -> str:

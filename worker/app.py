@@ -56,11 +56,17 @@ def interactive_concurrency(settings: Settings) -> int:
     return settings.worker.interactive_concurrency or settings.engine.max_num_seqs
 
 
+def bulk_concurrency(settings: Settings) -> int:
+    """Prefetch window (and task threads) of the model's bulk queue: the chunks that fill the
+    worker's engine, and one more (:func:`weir.worker.runtime.max_chunks`)."""
+    return runtime.max_chunks(settings)
+
+
 def pool_threads(settings: Settings) -> int:
-    """Task threads of one worker's threads pool: one per message either prefetch window may
-    hold (:func:`worker_concurrency` + :func:`interactive_concurrency`), so a message taken is
-    never queued inside the pool behind another lane's."""
-    return worker_concurrency(settings) + interactive_concurrency(settings)
+    """Task threads of one worker's threads pool: one per message any prefetch window may hold
+    (:func:`worker_concurrency` + :func:`interactive_concurrency` + :func:`bulk_concurrency`), so
+    a message taken is never queued inside the pool behind another lane's."""
+    return worker_concurrency(settings) + interactive_concurrency(settings) + bulk_concurrency(settings)
 
 
 def transport_options(settings: Settings) -> dict:
@@ -114,7 +120,7 @@ def make_app(settings: Settings) -> Celery:
     )
     if settings.worker.broker_url:  # an unreadable list entry is a dead letter, not the worker's end
         app.conf.broker_transport = "weir.worker.transport:Transport"
-    app.steps["consumer"].add(InteractiveLane)
+    app.steps["consumer"].update({InteractiveLane, BulkLane})
     return app
 
 
@@ -130,9 +136,11 @@ def make_worker(
     """The Celery worker of ``weir worker`` and of the embedded mode, configured in one place.
 
     Both consume the model's queue and its control queue (:func:`model_queue`) in a prefetch
-    window of :func:`worker_concurrency` messages, and its interactive queue in one of
-    :func:`interactive_concurrency` messages on a channel of its own (:class:`InteractiveLane`),
-    with a thread of the threads pool for each (:func:`pool_threads`), without mingle or gossip
+    window of :func:`worker_concurrency` messages, its interactive queue in one of
+    :func:`interactive_concurrency` messages and its bulk queue in one of
+    :func:`bulk_concurrency` messages, each on a channel of its own (:class:`InteractiveLane`,
+    :class:`BulkLane`), with a thread of the threads pool for each message any window may hold
+    (:func:`pool_threads`), without mingle or gossip
     (a worker needs nothing from its peers at start-up, and gossip costs every worker a message
     per event of every other).
 
@@ -162,6 +170,8 @@ def make_worker(
         weir_queue_concurrency=worker_concurrency(settings),
         weir_interactive_queue=names.interactive_queue(queue),
         weir_interactive_concurrency=interactive_concurrency(settings),
+        weir_bulk_queue=names.bulk_queue(queue),
+        weir_bulk_concurrency=bulk_concurrency(settings),
     )
     if not embedded:
         return celery_app.Worker(**options)
@@ -188,25 +198,25 @@ class DeadLetterConsumer(Consumer):
         super().on_decode_error(message, exc)
 
 
-class InteractiveLane(bootsteps.ConsumerStep):
-    """Consumes the model's interactive queue (:func:`weir.jobs.names.interactive_queue`:
-    single jobs and priority-0 batches) on a broker channel of its own, with a prefetch window of
-    its own (:func:`interactive_concurrency`), into the same task handler as Celery's consumer:
-    the messages are Celery task messages, run by the same pool (which has a thread for each),
-    acked late the same way, and seen by events, Flower and ``celery inspect`` as any task.
-    However many bulk chunks fill the model queue's window, an interactive message is taken
-    within one broker poll and its job starts on a free thread at once; with
-    ``WEIR_SCHEDULING_POLICY=priority`` the engine then steps it before bulk requests.
+class _Lane(bootsteps.ConsumerStep):
+    """Consumes one queue on a broker channel of its own, with a prefetch window of its own, into
+    the same task handler as Celery's consumer: the messages are Celery task messages, run by the
+    same pool (which has a thread for each), acked late the same way, and seen by events, Flower
+    and ``celery inspect`` as any task.
 
     A Celery ``Consumer`` bootstep (``app.steps["consumer"]``), so it stops, closes its channel
     (kombu then puts its unacked messages back) and starts again with Celery's consumer on a
-    broker reconnect or a warm shutdown."""
+    broker reconnect or a warm shutdown. Subclasses name the worker options that give the queue
+    and the window (:attr:`queue_option`, :attr:`concurrency_option`)."""
 
-    def __init__(self, c, weir_interactive_queue=None, weir_interactive_concurrency=None, **kwargs):
+    queue_option = ""
+    concurrency_option = ""
+
+    def __init__(self, c, **kwargs):
+        self.queue_name = kwargs.get(self.queue_option)
+        self.prefetch = kwargs.get(self.concurrency_option)
         super().__init__(c, **kwargs)
-        self.enabled = bool(weir_interactive_queue)  # a worker of make_worker
-        self.queue_name = weir_interactive_queue
-        self.prefetch = weir_interactive_concurrency
+        self.enabled = bool(self.queue_name)  # a worker of make_worker
 
     def start(self, c):
         self._consumer = c
@@ -229,6 +239,27 @@ class InteractiveLane(bootsteps.ConsumerStep):
             if consumer.channel:
                 _quietly(consumer.channel.close)
         self.consumers = None
+
+
+class InteractiveLane(_Lane):
+    """Consumes the model's interactive queue (:func:`weir.jobs.names.interactive_queue`:
+    single jobs and priority-0 batches) in a window of :func:`interactive_concurrency` messages.
+    However many bulk chunks the worker holds, an interactive message is taken within one broker
+    poll and its job starts on a free thread at once; with ``WEIR_SCHEDULING_POLICY=priority`` the
+    engine then steps it before bulk requests."""
+
+    queue_option = "weir_interactive_queue"
+    concurrency_option = "weir_interactive_concurrency"
+
+
+class BulkLane(_Lane):
+    """Consumes the model's bulk queue (:func:`weir.jobs.names.bulk_queue`: ``run_chunk``
+    messages) in a window of :func:`bulk_concurrency` messages, the chunks the worker can run at
+    once: each chunk taken starts at once, the rest of a batch waits in the broker for whichever
+    worker frees first, and no chunk is fetched only to be put back."""
+
+    queue_option = "weir_bulk_queue"
+    concurrency_option = "weir_bulk_concurrency"
 
 
 def _quietly(fun) -> None:

@@ -64,6 +64,17 @@ CHUNK_SLOTS_PER_SEQ = 2
 """A worker keeps at most this many chunk requests in its engine per ``max_num_seqs``."""
 
 
+def max_chunks(settings: Settings) -> int:
+    """Chunks one worker runs at once, and the prefetch window of its bulk queue: enough to fill
+    its engine's places (``CHUNK_SLOTS_PER_SEQ * max_num_seqs`` requests of
+    ``WEIR_BULK_CHUNK_SIZE`` jobs each, rounded up) and have the next chunk claimed, never more
+    than half the model queue's task threads. More would only hold claimed jobs, or messages,
+    that other workers could run."""
+    threads = settings.worker.concurrency or settings.engine.max_num_seqs
+    places = CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs
+    return max(1, min(max(1, threads // 2), -(-places // settings.worker.bulk_chunk_size) + 1))
+
+
 class WorkerRuntime:
     """Owns one process's engine front (the engine core process, or ``engine.LLM`` and its
     ``EngineFront``), a database session factory and its
@@ -104,14 +115,12 @@ class WorkerRuntime:
         # the next step's requests waiting, few enough that a queued request's timeout is not
         # spent waiting behind a whole backlog
         self._chunk_slots = threading.BoundedSemaphore(CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs)
-        # chunks a worker runs at once: enough to fill its engine places and have the next chunk
-        # claimed (more would only hold claimed jobs other workers could run); threads holding a
-        # chunk, running or waiting to: at most half of the model queue's (the others stay free
-        # for its per-job messages and the control queue's)
-        threads = settings.worker.concurrency or settings.engine.max_num_seqs
-        places = CHUNK_SLOTS_PER_SEQ * settings.engine.max_num_seqs
-        self.max_chunk_threads = max(1, threads // 2)
-        self.max_chunks = max(1, min(self.max_chunk_threads, -(-places // settings.worker.bulk_chunk_size) + 1))
+        # threads holding a chunk, running or waiting to: at most half of the model queue's (the
+        # others stay free for its per-job messages and the control queue's); the bulk queue's
+        # window holds no more than max_chunks, so only chunks found in the model queue itself
+        # (published there by an earlier client) can reach this limit
+        self.max_chunk_threads = max(1, (settings.worker.concurrency or settings.engine.max_num_seqs) // 2)
+        self.max_chunks = max_chunks(settings)
         self._num_chunks = 0
         self._chunk_threads = 0
         self._chunk_cv = threading.Condition()
@@ -165,7 +174,7 @@ class WorkerRuntime:
             self._log_stats.start()
 
     def _watch_queues(self) -> None:
-        """Report the depth of the model's queue and its control queue at each scrape."""
+        """Report the depth of each of the model's queues (``names.job_queues``) at each scrape."""
         from weir.jobs import names
         from weir.jobs.client import num_waiting_messages
         from weir.worker.app import app, model_queue

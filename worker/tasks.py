@@ -15,7 +15,7 @@ from celery.utils.time import get_exponential_backoff_interval
 
 from weir.jobs import names
 from weir.config import get_settings
-from weir.worker.app import app
+from weir.worker.app import app, model_queue
 from weir.worker.attempt import MalformedMessage, Outcome, dead_letter, parse_job_id, run_attempt
 from weir.worker.runtime import get_runtime
 
@@ -67,11 +67,13 @@ def run_job(self, *args, **kwargs) -> None:
 def run_chunk(self, *args, **kwargs) -> None:
     """Run the job rows named by the message's arguments (job ids of one bulk batch) and store
     their results, each as it finishes (:func:`weir.worker.chunk.run_chunk_attempt`). Acked once
-    every job has a stored outcome or was published again as a ``run_job`` message of its own.
-    A worker runs only the chunks that fill its engine, and one more (the next waits on its
-    thread), on at most half its task threads (``WorkerRuntime.enter_chunk``); a chunk that finds
+    every job has a stored outcome or was published again as a ``run_job`` message of its own
+    (to the model's queue). Chunks come from the model's bulk queue, whose prefetch window is the
+    chunks that fill the worker's engine and one more (``weir.worker.app.BulkLane``), so each
+    starts at once. A chunk found in the model queue itself (published there by an earlier
+    client) runs on at most half its task threads (``WorkerRuntime.enter_chunk``); one that finds
     half the threads taken is retried after ``CHUNK_WAIT_S`` (an ETA message, which holds no
-    thread), so single and interactive jobs always find threads free.
+    thread), so single jobs always find threads free.
 
     Raises:
         celery.exceptions.Reject: the engine is shutting down or failed, or the database stayed
@@ -98,9 +100,10 @@ def run_chunk(self, *args, **kwargs) -> None:
         raise self.retry(countdown=countdown_s, exc=exc)
     finally:
         runtime.leave_chunk()
+    queue = model_queue(runtime.settings)  # a chunk's job alone is a per-job message of the model's queue
     for job_id, countdown_s in attempt.republish:  # before the ack: a crash here redelivers the chunk
         run_job.apply_async(args=[str(job_id)], countdown=countdown_s or None,
-                            queue=delivery.get("routing_key"), priority=delivery.get("priority"))
+                            queue=queue, priority=delivery.get("priority"))
     logger.info("chunk of %d jobs: %s", len(job_ids), attempt.reason)
     if attempt.outcome == Outcome.REQUEUE:
         logger.warning("chunk of %d jobs back to the queue: %s", len(job_ids), attempt.reason)

@@ -163,7 +163,7 @@ def test_jobs_of_a_waiting_chunk_are_not_lost(redis_client_and_queue):
                                          priority=BULK_PRIORITY)
         jobs = [job.id for job in chunked.jobs(batch_id)]
         with chunked.celery_app.connection_for_read() as connection:
-            [bulk_list] = [q for q in priority_lists(connection, chunked.queue) if r.llen(q)]
+            [bulk_list] = [q for q in priority_lists(connection, names.bulk_queue(chunked.queue)) if r.llen(q)]
             assert r.llen(bulk_list) == 2
             assert oldest_waiting_job(connection, bulk_list) == jobs[0]
         assert chunked.sweep(older_than_s=0) == 0

@@ -75,8 +75,10 @@ def sweep_until_finished(client, batch_id, timeout_s, what):
 def test_a_bulk_batch_is_published_in_chunks_and_an_interactive_one_per_job(client):
     bulk(client, 20, max_tokens=1)
     client.enqueue_batch([GenerateRequest(prompt="Hello", max_tokens=1)] * 3)
-    assert sorted(messages(client, client.queue)) == [(names.RUN_CHUNK, 4), (names.RUN_CHUNK, 8), (names.RUN_CHUNK, 8)]
+    assert sorted(messages(client, names.bulk_queue(client.queue))) == [
+        (names.RUN_CHUNK, 4), (names.RUN_CHUNK, 8), (names.RUN_CHUNK, 8)]
     assert messages(client, names.interactive_queue(client.queue)) == [(names.RUN_JOB, 1)] * 3
+    assert messages(client, client.queue) == []
     assert client.num_waiting_messages() == 6
 
 
@@ -97,6 +99,29 @@ def test_an_interactive_job_runs_while_bulk_chunks_fill_the_queue_window(start_w
         probe_done = session.scalar(select(Job.finished_at).where(Job.batch_id == probe))
     # the probe neither waited for the first chunk's message to be acked nor for its jobs
     assert probe_done < bulk_done[CHUNK - 1]
+
+
+def test_a_worker_holds_only_the_chunks_its_engine_runs_and_the_rest_wait_in_the_broker(
+        start_worker, client, hooked, effects, slow_model_dir):
+    env, runs = hooked
+    # 2 sequences: 4 places in the engine, one chunk of 8 fills them; the window is that chunk and
+    # one more, although the model queue's window and chunk threads would allow 8 and 4
+    start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="8", WEIR_MAX_NUM_SEQS="2")
+    num_chunks = 8
+    batch_id = bulk(client, num_chunks * CHUNK, max_tokens=16)  # ~0.1 s a job on the slow model
+    r = redis.Redis.from_url(client.settings.worker.broker_url)
+    bulk_lists = [names.bulk_queue(client.queue), *r.keys(f"{names.bulk_queue(client.queue)}\x06\x16*")]
+    held, waiting = [], []  # messages the worker holds (kombu's unacked hash), chunks left in Redis
+    while not client.batch_status(batch_id).status.is_finished:
+        held.append(r.hlen(f"{client.queue}.unacked"))
+        waiting.append(sum(r.llen(key) for key in bulk_lists))
+        time.sleep(0.02)
+    assert max(held) == 2, held
+    assert max(waiting) >= num_chunks - 2 and waiting[-1] == 0, waiting
+    assert_each_succeeded_once(client, batch_id, num_chunks * CHUNK)
+    ids = [j.id for j in client.jobs(batch_id)]
+    assert set(runs()[str(i)] for i in ids) == {1}
+    assert set(effects("jobs", ids).values()) == {1}
 
 
 def test_every_job_of_a_chunked_batch_runs_once_and_is_stored_once(start_worker, client, hooked, effects):
@@ -230,7 +255,7 @@ def test_a_chunk_message_lost_before_any_claim_is_recovered_by_the_sweeper(start
     num_jobs = 3 * CHUNK
     batch_id = bulk(client, num_jobs, max_tokens=1)
     r = redis.Redis.from_url(client.settings.worker.broker_url)
-    priority_list = [k for k in r.keys(f"{client.queue}\x06\x16*") if r.llen(k)][0]
+    priority_list = [k for k in r.keys(f"{names.bulk_queue(client.queue)}\x06\x16*") if r.llen(k)][0]
     assert r.llen(priority_list) == 3
     r.rpop(priority_list)  # the oldest chunk's message is gone
     grace_s = 1.0
