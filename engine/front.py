@@ -162,6 +162,16 @@ class FrontBase:
         with self._tok_lock:
             return self.processor.encode_prompt(prompt)
 
+    def encode_prompts(self, prompts: list[PromptType]) -> list[list[int]]:
+        """Token ids of many prompts in one tokenizer call, as :meth:`encode_prompt` makes each
+        (safe from any thread); the ids are checked when submitted.
+
+        Raises:
+            ValueError: a prompt is malformed or empty.
+        """
+        with self._tok_lock:
+            return self.processor.encode_prompts(prompts)
+
     def submit_generate(self, prompt: PromptType, params: SamplingParams, priority: int = 0) -> Future:
         """Queue one generation; the future gives a ``RequestOutput``. ``priority``: as
         ``LLMEngine.add_request``'s.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from weir.model_source import PromptType, encode_prompt
+from weir.model_source import PromptType, encode_prompt, encode_prompts
 
 
 class InputProcessor:
@@ -85,6 +85,15 @@ class InputProcessor:
         ids = encode_prompt(self.tokenizer, prompt)
         self.check_prompt(ids)
         return ids
+
+    def encode_prompts(self, prompts: list[PromptType]) -> list[list[int]]:
+        """Token ids of many prompts in one tokenizer call (:func:`weir.model_source.encode_prompts`),
+        not checked: each is checked when it is submitted.
+
+        Raises:
+            ValueError: a prompt is malformed or empty.
+        """
+        return encode_prompts(self.tokenizer, prompts)
 
     def encode_label(self, label: str, append_eos: bool = True) -> list[int]:
         """Token ids of a label as an answer: its tokens, then the tokenizer's EOS (so that a

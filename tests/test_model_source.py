@@ -185,6 +185,30 @@ def test_client_counts_as_the_engine_encodes(llm, tiny_model_dir):
     assert checker.num_tokens(prompts) == [1, 3, 1, len(llm.encode_prompt(prompts[3]))]
 
 
+def test_prompts_encoded_as_one_batch_get_each_prompts_own_ids(llm):
+    from weir.engine import EngineFront
+    from weir.model_source import encode_prompts
+
+    prompts = [
+        "Product: Green Tea\nBrand: Leafy",
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Product: Tea"}],
+        {"prompt_token_ids": [5, 6, 7]},
+        "  leading spaces, émojis 🍵 and\ttabs",
+        [{"role": "user", "content": "Hello"}],
+        {"prompt": "Hello"},
+    ]
+    one_by_one = [llm.encode_prompt(p) for p in prompts]
+    assert one_by_one[2] == [5, 6, 7] and one_by_one[5] == HELLO
+    assert encode_prompts(llm.tokenizer, prompts) == one_by_one
+    front = EngineFront(llm)
+    try:
+        assert front.encode_prompts(prompts) == one_by_one
+        with pytest.raises(ValueError, match="prompt is empty"):
+            front.encode_prompts(["Hello", ""])
+    finally:
+        front.shutdown()
+
+
 def test_client_side_stays_light():
     code = (
         "import sys\n"

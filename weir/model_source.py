@@ -325,6 +325,41 @@ def encode_prompt(tokenizer, prompt: PromptType) -> list[int]:
     ]
 
 
+def encode_prompts(tokenizer, prompts: Sequence[PromptType]) -> list[list[int]]:
+    """:func:`encode_prompt` for many prompts, with one tokenizer call for the texts and one for
+    the rendered chats (a fast tokenizer encodes each batch in Rust threads, ``tokenizers``'
+    ``encode_batch``). Chats are rendered by the chat template with the generation prompt and
+    encoded without adding special tokens, which is what ``apply_chat_template(tokenize=True)``
+    does, so every prompt gets exactly :func:`encode_prompt`'s ids.
+
+    Raises:
+        ValueError: a prompt is malformed (:func:`parse_prompt`), or one needs a tokenizer and
+            there is none.
+    """
+    parsed = [parse_prompt(p) for p in prompts]
+    texts = [p for p in parsed if isinstance(p, str)]
+    chats = [p for p in parsed if not isinstance(p, str) and isinstance(p[0], dict)]
+    if (texts or chats) and tokenizer is None:
+        raise ValueError("this engine has no tokenizer (dummy config): pass token ids")
+    text_ids = iter(encode_texts(tokenizer, texts, add_special_tokens=True))
+    rendered = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False) if chats else []
+    chat_ids = iter(encode_texts(tokenizer, rendered, add_special_tokens=False))
+    return [next(text_ids) if isinstance(p, str) else next(chat_ids) if isinstance(p[0], dict) else p for p in parsed]
+
+
+def encode_texts(tokenizer, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
+    """Token ids of each text, in one tokenizer call (the backend's ``encode_batch`` when it is
+    a fast tokenizer with no truncation or padding set), as ``tokenizer(text).input_ids``."""
+    if not texts:
+        return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    # The backend keeps truncation and padding set by earlier calls; prompts take neither.
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets
+        return [encoding.ids for encoding in encode_batch(texts, add_special_tokens=add_special_tokens)]
+    return tokenizer(texts, add_special_tokens=add_special_tokens).input_ids
+
+
 def is_single_prompt(prompts: Union[PromptType, Sequence[PromptType]]) -> bool:
     """Whether ``LLM.generate``'s ``prompts`` argument is one prompt rather than a list of them:
     text, a prompt dict, token ids, or one conversation (a list of dicts that are not prompt dicts)."""

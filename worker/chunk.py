@@ -168,8 +168,26 @@ class _ChunkRun:
         self.max_attempts = runtime.settings.worker.max_attempts
         for job in jobs:
             runtime.hold(job)  # leases renewed from now on, with every other job of this process
+        self.requests: dict[uuid.UUID, Any] = {}
+        self.prompt_token_ids: dict[uuid.UUID, list[int]] = {}
+
+    def _prepare(self) -> None:
+        """Parse the jobs' requests and encode all their prompts in one tokenizer call (a job
+        whose request does not parse, or a chunk with a prompt the batch call refuses, is
+        parsed and encoded alone when fed, and fails there with its own error)."""
+        for job in self.waiting:
+            try:
+                self.requests[job.id] = parse_request(job.request)
+            except Exception:
+                continue
+        try:
+            encoded = self.runtime.front.encode_prompts([r.engine_prompt() for r in self.requests.values()])
+        except Exception:
+            return
+        self.prompt_token_ids = dict(zip(self.requests, encoded))
 
     def run(self) -> None:
+        self._prepare()
         try:
             while self.waiting or self.in_engine or self.storing:
                 self._feed()
@@ -209,8 +227,8 @@ class _ChunkRun:
             now = time.monotonic()
             try:
                 runtime.begin_run(job)
-                request = parse_request(job.request)
-                future = runtime.submit(job, request)
+                request = self.requests.pop(job.id, None) or parse_request(job.request)
+                future = runtime.submit(job, request, prompt_token_ids=self.prompt_token_ids.pop(job.id, None))
             except Exception as exc:
                 runtime.give_slot()
                 self._submit_failed(job, now, exc)

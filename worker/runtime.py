@@ -381,9 +381,11 @@ class WorkerRuntime:
         it): counted in the metrics."""
         self.metrics.job_started(job.kind.value)
 
-    def submit(self, job: Job, request: JobRequest, params: Optional[SamplingParams] = None) -> Future:
+    def submit(self, job: Job, request: JobRequest, params: Optional[SamplingParams] = None,
+               prompt_token_ids: Optional[list[int]] = None) -> Future:
         """Submit a claimed job's request to the engine (a generation with ``params`` in place of
-        its own, when given); the future gives the engine's output.
+        its own, when given; ``prompt_token_ids``: its prompt already encoded, as
+        ``front.encode_prompts`` makes them); the future gives the engine's output.
 
         Raises:
             ValueError: the engine refuses it (the job's failure).
@@ -391,10 +393,10 @@ class WorkerRuntime:
         """
         if job.kind == JobKind.CLASSIFY:
             return self.front.submit_classify(
-                request.engine_prompt(), request.labels, request.label_texts,
-                request.engine_calibration_prompt(), priority=self._engine_priority(request),
+                request.engine_prompt() if prompt_token_ids is None else prompt_token_ids, request.labels,
+                request.label_texts, request.engine_calibration_prompt(), priority=self._engine_priority(request),
             )
-        return self._submit_generate(request, params)
+        return self._submit_generate(request, params, prompt_token_ids)
 
     @staticmethod
     def description_retry(request: JobRequest, output) -> Optional[SamplingParams]:
@@ -469,9 +471,11 @@ class WorkerRuntime:
     def give_slot(self) -> None:
         self._chunk_slots.release()
 
-    def _submit_generate(self, request: GenerateRequest, params: Optional[SamplingParams] = None) -> Future:
-        """Submit a generation (with ``params`` in place of the request's own, when given) whose
-        prompt plus ``max_tokens`` fits ``max_model_len``.
+    def _submit_generate(self, request: GenerateRequest, params: Optional[SamplingParams] = None,
+                         prompt_token_ids: Optional[list[int]] = None) -> Future:
+        """Submit a generation (with ``params`` in place of the request's own, when given; its
+        prompt encoded here unless ``prompt_token_ids`` is given) whose prompt plus
+        ``max_tokens`` fits ``max_model_len``.
 
         Raises:
             ValueError: it does not fit, or the engine refuses it.
@@ -480,7 +484,8 @@ class WorkerRuntime:
         max_model_len = self.front.max_model_len
         if params.max_tokens > max_model_len:  # no need to tokenize
             raise ValueError(too_long_for_output(0, params.max_tokens, max_model_len))
-        prompt_token_ids = self.front.encode_prompt(request.engine_prompt())
+        if prompt_token_ids is None:
+            prompt_token_ids = self.front.encode_prompt(request.engine_prompt())
         # a prompt that alone leaves no room gets the engine's own error
         if len(prompt_token_ids) < max_model_len:
             problem = too_long_for_output(len(prompt_token_ids), params.max_tokens, max_model_len)
