@@ -2,6 +2,7 @@
 
     python -m bench.soak                      # 10,000 jobs, 2 workers, a kill every 2-6 s
     python -m bench.soak --jobs 500 --kill-every-s 1 3
+    python -m bench.soak --priority 9 --chunk-size 64   # bulk batches: chunks, not one message per job
 
 Needs Redis (``WEIR_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/0``) and PostgreSQL
 (``WEIR_TEST_POSTGRES_URL``, default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``);
@@ -75,11 +76,13 @@ def run(args: argparse.Namespace) -> int:
             # A killed worker's leases run out after 6 s; the survivors renew theirs every second.
             WEIR_LEASE_S=LEASE_S, WEIR_CANCEL_POLL_INTERVAL_S=1,
             WEIR_TEST_RUN_LOG=run_log,
+            **({"WEIR_BULK_CHUNK_SIZE": args.chunk_size} if args.chunk_size else {}),
         )
         client = Client(Settings(
             engine=EngineSettings(model=model_dir),
             worker=WorkerSettings(broker_url=args.redis_url, queue=queue, visibility_timeout_s=VISIBILITY_TIMEOUT_S,
-                                  sweep_after_s=SWEEP_AFTER_S),
+                                  sweep_after_s=SWEEP_AFTER_S,
+                                  **({"bulk_chunk_size": args.chunk_size} if args.chunk_size else {})),
             database=DatabaseSettings(database_url=database_url),
         ))
         num_started = 0
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 for i in range(args.jobs)
             ]
             started = time.monotonic()
-            batch_ids = [client.enqueue_batch(requests[i:i + args.batch_size])
+            batch_ids = [client.enqueue_batch(requests[i:i + args.batch_size], priority=args.priority)
                          for i in range(0, args.jobs, args.batch_size)]
             print(f"{args.jobs} jobs published in {time.monotonic() - started:.1f}s; {args.workers} workers, "
                   f"a kill every {args.kill_every_s[0]:g}-{args.kill_every_s[1]:g}s", flush=True)
@@ -178,6 +181,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--kill-every-s", type=float, nargs=2, default=(2.0, 6.0), metavar=("MIN", "MAX"))
     parser.add_argument("--sweep-every-s", type=float, default=5.0, help="run the sweeper this often")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument("--priority", type=int, default=None,
+                        help="every batch's priority: above 0 a bulk batch, published in chunks (run_chunk); "
+                             "default: each job's own (0, one message per job)")
+    parser.add_argument("--chunk-size", type=int, default=None, help="WEIR_BULK_CHUNK_SIZE of the client and workers")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--redis-url", default=REDIS_URL)
     return run(parser.parse_args(argv))

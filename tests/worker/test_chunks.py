@@ -82,10 +82,10 @@ def test_a_bulk_batch_is_published_in_chunks_and_an_interactive_one_per_job(clie
     assert client.num_waiting_messages() == 6
 
 
-def test_an_interactive_job_runs_while_bulk_chunks_fill_the_queue_window(start_worker, client, hooked,
+def test_an_interactive_job_runs_while_bulk_chunks_fill_the_bulk_window(start_worker, client, hooked,
                                                                         slow_model_dir):
     env, runs = hooked
-    # one message in the model queue's window: a chunk holds it until its 8 jobs are stored
+    # one message in the bulk window (WEIR_CONCURRENCY 1): a chunk holds it until its 8 jobs are stored
     start_worker(**env, WEIR_MODEL=slow_model_dir, WEIR_CONCURRENCY="1", WEIR_INTERACTIVE_CONCURRENCY="1",
                  WEIR_MAX_NUM_SEQS="2", WEIR_SCHEDULING_POLICY="priority")
     batch_id = bulk(client, 3 * CHUNK, max_tokens=64)  # ~0.4 s a job on the slow model
