@@ -28,7 +28,9 @@ What runs:
   with the client's retry policy); nothing else is stored before publishing.
 
 What is measured (timestamps are the ``finished_at`` each worker writes with its result, on this
-machine's clock, so polling adds no error):
+machine's clock, so polling adds no error), once both sides are warm: in the default mode each
+started worker first runs ``--warmup-jobs`` jobs (256; weir at the timed batch's priority, the
+baseline the same number of its tasks), not timed and not counted:
 
 - ``first->end``: (K - 1) / (time of the K-th result - time of the first result), K = the results
   counted (all N unless a drain limit applies): the steady rate once results flow.
@@ -246,6 +248,7 @@ class Bench:
         try:
             if not drain:
                 workers = self.start("weir", queue, num_workers)
+                self.warm_up_weir(client, priority, workers)
                 before = self.db_stats(wait_for_backends=False)
             enqueued_at = datetime.now(timezone.utc)
             started = time.monotonic()
@@ -293,6 +296,22 @@ class Bench:
         return Run(f"weir p{priority}", num_workers, num_jobs, min(target, len(stamps)), enqueue_s, first_to_end, enqueue_to_end,
                    num_failed, self.per_job(before, after, len(stamps)), note)
 
+    def warm_up_weir(self, client, priority: int, workers: list[WorkerProcess]) -> None:
+        """``--warmup-jobs`` jobs through the ready workers, timed by no figure: the producer's
+        tokenizer, the workers' connections, statements and engine steps are warm when the timed
+        batch is published."""
+        from weir.jobs.schemas import GenerateRequest
+
+        if not self.args.warmup_jobs:
+            return
+        batch_id = client.enqueue_batch(
+            [GenerateRequest(prompt=f"Warm-up {i}: describe it.", temperature=0.0, max_tokens=1)
+             for i in range(self.args.warmup_jobs)], priority=priority)
+        while not client.batch_status(batch_id).status.is_finished:
+            for worker in workers:
+                worker.check_alive()
+            time.sleep(POLL_INTERVAL_S)
+
     # -- baseline --------------------------------------------------------------------------------
 
     def create_baseline_table(self) -> None:
@@ -321,6 +340,18 @@ class Bench:
         note = ""
         try:
             workers = self.start("baseline", queue, 1)
+            if self.args.warmup_jobs:  # as warm as weir's workers: connections, statements, the producer
+                with app.producer_or_acquire() as producer:
+                    for _ in range(self.args.warmup_jobs):
+                        app.send_task(STORE_RESULT, args=[str(uuid.uuid4())], queue=queue, producer=producer,
+                                      retry=True, retry_policy=PUBLISH_RETRY_POLICY)
+                while True:
+                    with poller.connect() as connection:
+                        if connection.scalar(select(func.count()).select_from(results)) >= self.args.warmup_jobs:
+                            break
+                    workers[0].check_alive()
+                    time.sleep(POLL_INTERVAL_S)
+                self.query(lambda connection: connection.execute(text(f"TRUNCATE {TABLE}")))
             before = self.db_stats(wait_for_backends=False)
             enqueued_at = datetime.now(timezone.utc)
             started = time.monotonic()
@@ -459,6 +490,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="weir's batch priority: above 0 a bulk batch, in chunks (default 9, the catalog's); "
                         "0 one message per job")
     parser.add_argument("--chunk-size", type=int, default=None, help="WEIR_BULK_CHUNK_SIZE (default: the setting's)")
+    parser.add_argument("--warmup-jobs", type=int, default=256,
+                        help="jobs through each started worker before the timed batch (default mode; 0: none)")
     parser.add_argument("--per-job-peer", action="store_true",
                         help="also run weir at priority 0 (one message per job) in each repeat")
     parser.add_argument("--redis-url", default=REDIS_URL)
