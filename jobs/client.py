@@ -52,6 +52,10 @@ PUBLISH_RETRY_POLICY = {"max_retries": 3, "interval_start": 0.2, "interval_step"
 DEFAULT_CHUNK_SIZE = 5_000
 """Requests validated and inserted per transaction, and messages per broker round trip."""
 
+ANALYZE_AFTER_NUM_JOBS = 5_000
+"""A batch of at least this many jobs refreshes the planner's statistics of ``jobs`` once stored
+(:func:`weir.jobs.store.analyze_jobs`), so the workers' claims look jobs up by id from the start."""
+
 DEFAULT_PAGE_SIZE = 1_000
 """Job rows per read when results are streamed."""
 
@@ -329,7 +333,9 @@ class Client:
         2. the batch row is committed, ``validating``;
         3. requests are read ``chunk_size`` at a time: parsed, checked against the engine's limits
            (length in one tokenizer call, ``max_logprobs``, the vocabulary), and inserted in their own transaction;
-        4. one transaction sets ``num_jobs`` and makes the batch ``queued``;
+        4. one transaction sets ``num_jobs`` and makes the batch ``queued`` (a batch of
+           :data:`ANALYZE_AFTER_NUM_JOBS` or more then refreshes the planner's statistics of
+           ``jobs``, :func:`weir.jobs.store.analyze_jobs`);
         5. one message per job is published, in batch-index order, ``chunk_size`` messages per
            broker round trip on Redis; each chunk's ``published_at`` is stamped just before it goes.
 
@@ -400,6 +406,12 @@ class Client:
         except BaseException:
             self._delete_batch(batch_id)
             raise
+        if timings.num_jobs >= ANALYZE_AFTER_NUM_JOBS:
+            try:
+                with self.session_factory.begin() as session:
+                    store.analyze_jobs(session)
+            except Exception as exc:  # the batch is stored; claims are only slower until autovacuum runs
+                logger.warning("batch %s: cannot refresh the statistics of jobs (ANALYZE): %s", batch_id, exc)
         started = time.perf_counter()
         try:
             bulk = priority is not None and priority > INTERACTIVE_PRIORITY

@@ -302,6 +302,23 @@ def queue_batch(session: Session, batch_id: uuid.UUID, num_jobs: int) -> None:
         raise LookupError(f"no validating batch with id {batch_id}")
 
 
+def analyze_jobs(session: Session) -> bool:
+    """Refresh PostgreSQL's planner statistics of the ``jobs`` table (``ANALYZE``: a sample of
+    at most 30,000 rows by default, whatever the table's size); True when it ran, False on
+    another database (SQLite plans these statements by the primary key anyway).
+
+    After a bulk insert (PostgreSQL's "Populating a Database": run ANALYZE afterwards), the
+    statistics still describe the table without the new rows until autovacuum catches up (a
+    minute or more); meanwhile the planner, believing few jobs ``queued``, scans the status index
+    for the claim statement's ``status = 'queued'`` and filters by id, reading every queued job
+    of every batch for each claim.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        return False
+    session.execute(text("ANALYZE jobs"))
+    return True
+
+
 def delete_jobs(session: Session, batch_id: uuid.UUID, *, below_index: int) -> int:
     """Delete the batch's jobs of batch index below ``below_index`` (not committed); returns how many.
 

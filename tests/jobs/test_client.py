@@ -570,3 +570,39 @@ def test_messages_on_redis_are_celery_task_messages_in_order(redis_url, queue):
     assert sorted(ours["properties"]) == sorted(reference["properties"])
     assert ours["properties"]["delivery_info"] == reference["properties"]["delivery_info"] == {
         "exchange": "", "routing_key": queue}
+
+
+def _index_names(plan) -> set:
+    """Every index a JSON ``EXPLAIN`` plan reads."""
+    found = {plan["Index Name"]} if "Index Name" in plan else set()
+    for child in plan.get("Plans", []):
+        found |= _index_names(child)
+    return found
+
+
+def test_a_large_batch_refreshes_the_statistics_so_a_claim_looks_its_jobs_up_by_id(tiny_model_dir, celery_app, queue):
+    """Without fresh statistics the planner believes few jobs queued and reads every queued job
+    through the status index for each claim (a claim's cost then grows with the backlog)."""
+    import datetime
+
+    from sqlalchemy import text
+
+    from tests import support
+
+    with support.fresh_postgres_database() as url:
+        client = Client(Settings(engine=EngineSettings(model=tiny_model_dir),
+                                 worker=WorkerSettings(queue=queue, broker_url=None),
+                                 database=DatabaseSettings(database_url=url)), celery_app=celery_app)
+        try:
+            batch_id = client.enqueue_batch(requests(client_module.ANALYZE_AFTER_NUM_JOBS))
+            with client.session_factory() as session:
+                ids = list(session.scalars(select(Job.id).where(Job.batch_id == batch_id, Job.batch_index < 8)))
+                now = datetime.datetime.now(datetime.timezone.utc)
+                [plan] = session.execute(text("EXPLAIN (FORMAT JSON) " + store._claim_sql("postgresql", "claim").text),
+                                           dict(ids=ids, now=now, expires=now, worker="w", max_attempts=3)).scalar()
+                last_analyze = session.scalar(text("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'jobs'"))
+        finally:
+            client.close()
+    indexes = _index_names(plan["Plan"])
+    assert "pk_jobs" in indexes and indexes <= {"pk_jobs", "pk_batches"}, indexes
+    assert last_analyze is not None
