@@ -59,7 +59,7 @@ def timed_device_work(llm, timer: DeviceTimer):
 
     from weir.engine import model_runner
 
-    runner = llm.llm_engine.model_runner
+    runner = llm.llm_engine.runner
     model = runner.model
     saved = (model.forward, model.compute_logits, model_runner.sample_tokens, model_runner.torch)
     model.forward = timer.wrap(model.forward)
