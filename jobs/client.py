@@ -4,8 +4,9 @@ Order of effects in :meth:`Client.enqueue_batch`, which streams its requests wit
 the broker is reached first (a wrong broker URL stores nothing); the batch row is committed as
 ``validating``; requests are validated (schema, then length with the model's tokenizer) and
 inserted chunk by chunk, each chunk in its own transaction; any error there deletes the batch and
-its jobs. Once every job is stored, one transaction makes the batch ``queued``; only then is one
-Celery message per job published, carrying just the job id, by task name to the model's queue
+its jobs. Once every job is stored, one transaction makes the batch ``queued``; only then are its
+Celery messages published, carrying just job ids, by task name: a bulk batch's in chunks to the
+model's bulk queue, any other one message per job to its interactive queue
 (see :mod:`weir.jobs.publisher`). A worker that receives a message therefore always finds its row and
 never sees a half-stored batch (nor does the sweeper: both pass over ``validating`` batches). Jobs
 whose message was never published or was lost are published again by :meth:`Client.sweep`.
