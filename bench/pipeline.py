@@ -34,8 +34,12 @@ baseline the same number of its tasks), not timed and not counted:
 
 - ``first->end``: (K - 1) / (time of the K-th result - time of the first result), K = the results
   counted (all N unless a drain limit applies): the steady rate once results flow.
+- ``publish->end``: K / (time of the K-th result - the moment the first message was published:
+  the earliest ``published_at`` of weir's batch, stamped just before its first chunk of messages
+  goes; for the baseline the moment before its first ``send_task``): the headline measure, the same
+  on both sides.
 - ``enqueue->end``: K / (time of the K-th result - the moment ``enqueue_batch`` was called, or the
-  first message published for the baseline): includes weir's validation and row inserts.
+  first message published for the baseline): also counts weir's validation and row inserts.
 - database work per finished job, from ``pg_stat_database`` deltas of the benchmark database (its
   backends are closed before the second reading, so their counters are flushed): ``xact/job``
   (commits), ``db_ms/job`` (``active_time``: time backends spent running statements, lock waits
@@ -89,6 +93,7 @@ class Run:
     enqueue_s: float
     first_to_end_per_s: float
     enqueue_to_end_per_s: Optional[float]
+    publish_to_end_per_s: Optional[float]
     num_failed: int
     db_per_job: dict[str, float] = field(default_factory=dict)
     note: str = ""
@@ -230,7 +235,7 @@ class Bench:
         ``drain``: enqueue first, then start the workers, and count only the first
         ``--drain-jobs`` results (or those within ``--drain-timeout-s`` of the first result).
         """
-        from sqlalchemy import select
+        from sqlalchemy import func, select
 
         from weir.jobs.db import Job, JobStatus
         from weir.jobs.schemas import GenerateRequest
@@ -288,13 +293,15 @@ class Bench:
                 select(Job.finished_at, Job.status).where(Job.batch_id == batch_id, Job.status.in_(finished))
                 .order_by(Job.finished_at)
             ).all()
-            return [r.finished_at for r in rows], sum(r.status == JobStatus.FAILED for r in rows)
+            first_published = connection.scalar(select(func.min(Job.published_at)).where(Job.batch_id == batch_id))
+            return [r.finished_at for r in rows], sum(r.status == JobStatus.FAILED for r in rows), first_published
 
-        stamps, num_failed = self.query(read)
+        stamps, num_failed, first_published = self.query(read)
         first_to_end, enqueue_to_end = rates(stamps[:target], None if drain else enqueued_at)
+        publish_to_end = None if drain else rates(stamps[:target], first_published)[1]
         delete_queue_keys(self.redis, queue)
         return Run(f"weir p{priority}", num_workers, num_jobs, min(target, len(stamps)), enqueue_s, first_to_end, enqueue_to_end,
-                   num_failed, self.per_job(before, after, len(stamps)), note)
+                   publish_to_end, num_failed, self.per_job(before, after, len(stamps)), note)
 
     def warm_up_weir(self, client, priority: int, workers: list[WorkerProcess]) -> None:
         """``--warmup-jobs`` jobs through the ready workers, timed by no figure: the producer's
@@ -381,22 +388,23 @@ class Bench:
             connection.scalars(select(results.c.finished_at).order_by(results.c.finished_at))))
         first_to_end, enqueue_to_end = rates(stamps, enqueued_at)
         delete_queue_keys(self.redis, queue)
-        return Run("baseline", 1, num_tasks, len(stamps), enqueue_s, first_to_end, enqueue_to_end, 0,
+        return Run("baseline", 1, num_tasks, len(stamps), enqueue_s, first_to_end, enqueue_to_end, enqueue_to_end, 0,
                    self.per_job(before, after, len(stamps)), note)
 
 
 # -- report ----------------------------------------------------------------------------------------
 
-HEADER = ("system", "workers", "batch", "timed", "enqueue_s", "first->end/s", "enqueue->end/s",
+HEADER = ("system", "workers", "batch", "timed", "enqueue_s", "first->end/s", "publish->end/s", "enqueue->end/s",
           "xact/job", "db_ms/job", "rows/job", "note")
 
 
 def row(run: Run) -> tuple:
     db = run.db_per_job
     enqueue_to_end = "-" if run.enqueue_to_end_per_s is None else f"{run.enqueue_to_end_per_s:.1f}"
+    publish_to_end = "-" if run.publish_to_end_per_s is None else f"{run.publish_to_end_per_s:.1f}"
     note = "; ".join(filter(None, [run.note, f"{run.num_failed} failed" if run.num_failed else ""]))
     return (run.system, run.num_workers, run.batch_size, run.num_timed, f"{run.enqueue_s:.2f}",
-            f"{run.first_to_end_per_s:.1f}", enqueue_to_end, f"{db.get('xact_commit', 0):.2f}",
+            f"{run.first_to_end_per_s:.1f}", publish_to_end, enqueue_to_end, f"{db.get('xact_commit', 0):.2f}",
             f"{db.get('active_time', 0):.2f}", f"{db.get('tup_returned', 0):.0f}", note)
 
 
@@ -431,6 +439,9 @@ def throughput(bench: Bench, args: argparse.Namespace) -> None:
     target = 3.0 if args.priority > 0 else 0.5
     print_ratio(f"weir p{args.priority} / baseline ({median}first result to end)",
                 median_rate(weir_runs, "first_to_end_per_s"), median_rate(baseline_runs, "first_to_end_per_s"),
+                target=target)
+    print_ratio(f"weir p{args.priority} / baseline ({median}first publish to end)",
+                median_rate(weir_runs, "publish_to_end_per_s"), median_rate(baseline_runs, "publish_to_end_per_s"),
                 target=target)
     print_ratio(f"weir p{args.priority} / baseline ({median}enqueue to end)",
                 median_rate(weir_runs, "enqueue_to_end_per_s"), median_rate(baseline_runs, "enqueue_to_end_per_s"),
