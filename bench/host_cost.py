@@ -19,6 +19,9 @@ CPU these run synchronously, so the time is theirs; on a GPU they would be kerne
 asynchronously). ``host`` is the rest of the wall time: scheduling, building step inputs, the
 block pool, making outputs, the Python around each call. Printed per kind: jobs/s, and µs per job
 of wall, device work and host; the median of ``--repeat`` runs (default 3), after one warm-up run.
+``--gc-freeze`` first freezes the heap as the worker's engine core process does
+(:func:`weir.engine.core.freeze_gc_heap`); without it the process's cyclic garbage collector walks
+every object of torch and transformers at each full collection, as in a caller's own process.
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="freeze the heap once the engine is built, as the engine core process does")
     args = parser.parse_args(argv)
 
     from weir.engine import LLM
@@ -112,8 +117,13 @@ def main(argv: Optional[list[str]] = None) -> int:
               max_num_batched_tokens=max(2048, 24 * args.max_num_seqs))
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(8 + i % 16)] for i in range(args.jobs)]
+    if args.gc_freeze:
+        from weir.engine.core import freeze_gc_heap
+
+        freeze_gc_heap()
     print(f"{args.jobs} jobs per run, max_num_seqs {args.max_num_seqs}, torch threads "
-          f"{__import__('torch').get_num_threads()}; medians of {args.repeat} runs")
+          f"{__import__('torch').get_num_threads()}, heap {'frozen' if args.gc_freeze else 'not frozen'}; "
+          f"medians of {args.repeat} runs")
     print(f"{'kind':<9} {'jobs/s':>8} {'wall µs/job':>12} {'device µs/job':>14} {'host µs/job':>12}")
     for kind in ("generate", "classify"):
         run(llm, kind, prompts[: args.max_num_seqs])  # warm-up
