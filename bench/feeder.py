@@ -62,10 +62,11 @@ def offline_main(n: int, max_tokens: int, max_num_seqs: int) -> None:
     print(json.dumps({"elapsed_s": elapsed, "tokens": tokens, "texts": texts}))
 
 
-def run_offline(args) -> dict:
+def run_offline(args, env: Optional[dict] = None) -> dict:
+    """One ``offline`` run in a fresh process (``env``: its environment, default this one's)."""
     out = subprocess.run([sys.executable, "-m", "bench.feeder", "--offline-child", str(args.prompts),
                           str(args.max_tokens), str(args.max_num_seqs)],
-                         cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+                         cwd=REPO_ROOT, capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

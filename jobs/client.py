@@ -494,6 +494,13 @@ class Client:
 
         num_published = 0
         try:
+            if num_jobs <= chunk_size:  # one chunk (a single job): no stamping thread to start
+                with JobPublisher(celery_app, queue, PUBLISH_RETRY_POLICY, message_priority,
+                                  jobs_per_message) as publisher:
+                    job_ids = stamp(0)
+                    publisher.publish(job_ids)
+                    num_published = len(job_ids)
+                return
             with ThreadPoolExecutor(1, thread_name_prefix="weir-stamp") as stamper, \
                     JobPublisher(celery_app, queue, PUBLISH_RETRY_POLICY, message_priority,
                                  jobs_per_message) as publisher:
