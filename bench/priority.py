@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
              ("not strict ", {"WEIR_SCHEDULING_POLICY": "priority", "WEIR_STRICT_PRIORITY": "false"},
               [("bulk, priority", BULK_PRIORITY)]),
              ("fcfs ", {"WEIR_SCHEDULING_POLICY": "fcfs"}, [("bulk, priority", BULK_PRIORITY)])]
+    wanted = args.modes.split(",")
+    unknown = set(wanted) - {"default", "not-strict", "fcfs"}
+    if unknown:
+        raise SystemExit(f"--modes: unknown mode(s) {', '.join(sorted(unknown))} (default, not-strict, fcfs)")
+    modes = [m for m in modes if (m[0].strip().replace(" ", "-") or "default") in wanted]
     rows = []
     for label, overrides, phases in modes:
         queue = f"weir.priority-{uuid.uuid4().hex[:8]}"
@@ -168,6 +173,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="the worker's step token budget")
     ap.add_argument("--concurrency", type=int, default=None, help="task threads (default: max_num_seqs)")
     ap.add_argument("--fcfs-baseline", action="store_true", help="also run the bulk batch at priority 0")
+    ap.add_argument("--modes", default="default,not-strict,fcfs",
+                    help="the workers to run, in this order: default (priority, strict), not-strict, fcfs")
     ap.add_argument("--redis-url", default=REDIS_URL)
     return run(ap.parse_args(argv))
 
