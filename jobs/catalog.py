@@ -111,6 +111,22 @@ def label_path(cell: str, taxonomy: Taxonomy) -> list[str]:
 DEFAULT_ENCODING = "utf-8"
 
 
+class MissingColumns(ValueError):
+    """The catalog's header lacks columns the spec needs: ``c.csv: no column 'category'; header
+    is ['index', 'product']``.
+
+    Attributes:
+        path: the catalog file.
+        missing: role (as :meth:`weir.jobs.spec.JobSpec.required_columns` names it) -> the column
+            the spec expects.
+        header: the file's header row.
+    """
+
+    def __init__(self, path: str, missing: dict[str, str], header: list[str]) -> None:
+        super().__init__(f"{path}: no column {', '.join(map(repr, missing.values()))}; header is {header}")
+        self.path, self.missing, self.header = path, missing, header
+
+
 class CatalogEncodingError(ValueError):
     """A catalog (or taxonomy) file holds a byte sequence its encoding cannot decode.
 
@@ -222,9 +238,9 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
     (:attr:`Catalog.absent_columns` lists the first kind), and prompts leave it out.
 
     Raises:
-        ValueError: the file is empty or its first line (the header) blank; a column the spec
-            needs (id, name, the taxonomy's label and hint columns) is missing from the header,
-            named in one line with the header; the file has no rows below its header and the
+        MissingColumns: a column the spec needs (id, name, the taxonomy's label and hint
+            columns) is missing from the header, named in one line with the header.
+        ValueError: the file is empty or its first line (the header) blank; the file has no rows below its header and the
             labels come from a column; or there is no label at all (no row has one and the spec names no taxonomy file); ``encoding`` is unknown or
             not a text encoding.
         CatalogEncodingError: a byte the encoding cannot decode; the message names the file, the
@@ -250,11 +266,11 @@ def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str)
         if not reader.fieldnames:
             raise ValueError(f"{path}: line 1, the header row, is blank")
         header = reader.fieldnames
-        required = [c.id, c.name] + ([t.column] if from_column else [])
-        required += [t.hint_column] if from_column and t.hint_column else []
-        missing = [name for name in required if name not in header]
+        roles = spec.required_columns()
+        required = list(roles.values())
+        missing = {role: name for role, name in roles.items() if name not in header}
         if missing:
-            raise ValueError(f"{path}: no column {', '.join(map(repr, missing))}; header is {header}")
+            raise MissingColumns(path, missing, list(header))
         optional = {key: getattr(c, key) for key in OPTIONAL_COLUMNS}
         absent = {key: name for key, name in optional.items() if name and name not in header}
         wanted = required + [name for name in optional.values() if name and name in header]

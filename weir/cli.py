@@ -142,11 +142,29 @@ def _plan(settings: Settings, catalog: Any, full: bool) -> Any:
         engine.dispose()
 
 
+COLUMN_FLAGS = {"id": "--id-col", "name": "--product-col", "category": "--category-col"}
+"""The ``weir enrich`` flag naming each role of :meth:`weir.jobs.spec.JobSpec.required_columns`
+(the hint column has none: a job spec names it)."""
+
+
+def _missing_columns_hint(exc: Any, spec: Optional[str]) -> str:
+    """What to do about a catalog lacking columns (:class:`weir.jobs.catalog.MissingColumns`): the
+    shipped specs its header fits, the flags naming the missing columns, a job spec."""
+    from weir.jobs.spec import fitting_specs
+
+    fits = [f"the header fits the shipped spec {name} (--spec {name})"
+            for name in fitting_specs(exc.header) if name != spec]
+    flags = [COLUMN_FLAGS[role] for role in exc.missing if role in COLUMN_FLAGS]
+    name_them = (f"name the columns with {', '.join(flags)} or in a job spec" if flags
+                 else "name the columns in a job spec")
+    return "; or ".join(fits + [f"{name_them} (--spec FILE, layout in jobs/spec.py)"])
+
+
 def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
     import dataclasses
 
-    from weir.jobs.catalog import enqueue_catalog, read_catalog, summarize
+    from weir.jobs.catalog import MissingColumns, enqueue_catalog, read_catalog, summarize
     from weir.jobs.client import Client
     from weir.jobs.spec import load_spec
     from weir.progress import progress_bar
@@ -166,10 +184,11 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         if args.category_col is not None:
             spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, column=args.category_col))
         catalog = read_catalog(args.catalog, spec, limit=args.limit, encoding=args.encoding)
+    except MissingColumns as exc:
+        print(f"weir enrich: {exc}; {_missing_columns_hint(exc, args.spec)}", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, ValueError) as exc:
-        hint = ("; name the catalog's columns in a job spec (--spec FILE, layout in jobs/spec.py)"
-                if args.spec is None and "no column" in str(exc) else "")
-        print(f"weir enrich: {exc}{hint}", file=sys.stderr)
+        print(f"weir enrich: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if catalog.absent_columns:
         absent = catalog.absent_columns

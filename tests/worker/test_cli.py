@@ -210,8 +210,27 @@ def test_enrich_missing_column(tmp_path):
     done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
     assert done.returncode == 2
     assert done.stderr == (
-        f"weir enrich: {path}: no column 'category'; header is ['index', 'product']; name the catalog's "
-        "columns in a job spec (--spec FILE, layout in jobs/spec.py)\n")
+        f"weir enrich: {path}: no column 'category'; header is ['index', 'product']; name the columns with "
+        "--category-col or in a job spec (--spec FILE, layout in jobs/spec.py)\n")
+
+
+def test_enrich_wrong_columns_name_the_flags_and_the_shipped_spec_the_header_fits(tmp_path):
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    other = tmp_path / "other.csv"
+    other.write_text("sku,title,category\n1,Tea,Drinks\n")
+    done = weir("enrich", str(other), env_overrides=env)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        f"weir enrich: {other}: no column 'index', 'product'; header is ['sku', 'title', 'category']; name the "
+        "columns with --id-col, --product-col or in a job spec (--spec FILE, layout in jobs/spec.py)\n"))
+    flipkart = tmp_path / "flipkart.csv"  # the header of ../shared/data/flipkart_products.csv, shortened
+    flipkart.write_text("uniq_id,product_name,product_category_tree,description,brand\n"
+                        '1,Tea,"[""Drinks >> Tea""]",Green.,Leafy\n')
+    done = weir("enrich", str(flipkart), env_overrides=env)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        f"weir enrich: {flipkart}: no column 'index', 'product', 'category'; header is ['uniq_id', 'product_name', "
+        "'product_category_tree', 'description', 'brand']; the header fits the shipped spec flipkart (--spec "
+        "flipkart); or name the columns with --id-col, --product-col, --category-col or in a job spec (--spec "
+        "FILE, layout in jobs/spec.py)\n"))
 
 
 def test_enrich_refuses_a_catalog_that_is_not_utf_8_unless_its_encoding_is_given(tmp_path):
