@@ -549,6 +549,11 @@ class EnrichmentSummary:
     plan: Optional["EnrichmentPlan"] = None
     num_failed_products: int = 0
     num_cancelled: int = 0
+    neighbour_vote_accuracy: Optional[float] = None
+    """Accuracy of the nearest-neighbour vote with no model (:meth:`weir.jobs.exemplars.ExemplarIndex.vote`)
+    on the same products; None without a labelled pool."""
+    how_chosen: str = ""
+    """How the model chose categories, one line (:func:`how_categories_are_chosen`)."""
 
     @property
     def clean_rate(self) -> Optional[float]:
@@ -575,12 +580,39 @@ class EnrichmentSummary:
                 f"generated tokens:    {self.num_generated_tokens} ({rate} tokens/s)",
                 f"prefix-cache hits:   {pct(self.prefix_cache_hit_rate)} of prompt tokens",
                 f"category accuracy:   {pct(self.accuracy)} over {self.num_classified} products "
-                f"(majority baseline {pct(self.majority_baseline)}: {self.majority_label})",
+                f"(majority baseline {pct(self.majority_baseline)}: {self.majority_label}; "
+                f"nearest-neighbour vote, no model: {pct(self.neighbour_vote_accuracy)})",
+            ] + ([f"categories chosen:   {self.how_chosen}"] if self.how_chosen else []) + [
                 f"descriptions clean:  {pct(self.clean_rate)} of {self.num_described} "
                 f"({', '.join(f'{k} {v}' for k, v in sorted(self.description_quality.items())) or 'none'})",
             ] + ([f"attributes:          {self.num_attributes_valid} of {self.num_extracted} extracted valid "
                   f"({self.num_attributes_cut} cut by max_tokens)"] if self.num_extracted else [])
         )
+
+
+def how_categories_are_chosen(spec: JobSpec) -> str:
+    """One line saying how the classification jobs of ``spec`` choose a category."""
+    if spec.classify.method == "exemplars":
+        k = spec.classify.num_exemplars
+        return (f"the model scores each label after a prompt that shows the product's {k} nearest labelled "
+                f"products of the same catalog (TF-IDF of name and brand) with their categories")
+    return "the model scores each label, with its commonest sub-labels, calibrated against \"N/A\"; no examples"
+
+
+def neighbour_vote_accuracy(catalog: Catalog, products: list[Product]) -> Optional[float]:
+    """Share of ``products`` whose category the nearest-neighbour vote alone gets right: the
+    categories of the spec's ``num_exemplars`` nearest labelled products (those a prompt shows),
+    weighted by similarity (:meth:`weir.jobs.exemplars.ExemplarIndex.vote`; a tie goes to the
+    nearest). None when ``products`` is empty or the catalog has no labelled pool."""
+    if not products or not catalog.pool:
+        return None
+    index = ExemplarIndex(catalog.pool)
+    k = catalog.spec.classify.num_exemplars
+    num_correct = 0
+    for product in products:
+        votes = index.vote(product.product_id, product.name, product.brand, k)
+        num_correct += bool(votes) and max(votes, key=votes.get) == product.category
+    return num_correct / len(products)
 
 
 def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float,
@@ -596,13 +628,15 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     ``num_failed_products`` counts the products with a job that did not succeed.
     Accuracy counts succeeded classification jobs of products that have a catalog category (at
     the spec's taxonomy level) whose label equals it; the majority baseline is the share of the
-    most common category among those products. Description quality counts each succeeded
+    most common category among those products, the nearest-neighbour vote's accuracy
+    (:func:`neighbour_vote_accuracy`) is over the same products. Description quality counts each succeeded
     description's :func:`weir.jobs.quality.description_quality`. Of the succeeded attribute
     extractions, ``num_attributes_valid`` have a parsed value (finished, so valid against the
     schema) and ``num_attributes_cut`` were cut by ``max_tokens``.
     """
     results = list(results)
     truth = {p.product_id: p.category for p in catalog.products}
+    by_id = {p.product_id: p for p in catalog.products}
     num_generated = sum(r["num_completion_tokens"] or 0 for r in results if r["kind"] == "generate")
     num_prompt = sum(r["num_prompt_tokens"] or 0 for r in results)
     num_cached = sum(r["num_cached_tokens"] or 0 for r in results)
@@ -635,5 +669,8 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         num_attributes_valid=sum(r["parsed"] is not None for r in extracted),
         num_attributes_cut=sum(r["finish_reason"] == "length" for r in extracted),
         plan=plan,
+        neighbour_vote_accuracy=neighbour_vote_accuracy(
+            catalog, [by_id[str(r["metadata"].get("product_id"))] for r in classified]),
+        how_chosen=how_categories_are_chosen(catalog.spec),
         num_failed_products=len({str(r["metadata"].get("product_id")) for r in results if r["status"] != "succeeded"}),
     )
