@@ -534,6 +534,7 @@ class EnrichmentSummary:
     num_succeeded: int
     num_failed: int
     wall_s: float
+    """The whole command's time: reading, loading the model, the batch, this summary."""
     num_generated_tokens: int
     generated_tokens_per_s: Optional[float]
     prefix_cache_hit_rate: Optional[float]
@@ -554,6 +555,8 @@ class EnrichmentSummary:
     on the same products; None without a labelled pool."""
     how_chosen: str = ""
     """How the model chose categories, one line (:func:`how_categories_are_chosen`)."""
+    batch_s: Optional[float] = None
+    """From enqueue to the batch's end (the rate's denominator); None: ``wall_s``."""
 
     @property
     def clean_rate(self) -> Optional[float]:
@@ -576,7 +579,8 @@ class EnrichmentSummary:
                 f"products:            {products}",
                 f"jobs:                {self.num_succeeded} succeeded, {self.num_failed} failed"
                 + (f", {self.num_cancelled} cancelled" if self.num_cancelled else ""),
-                f"wall time:           {self.wall_s:.1f} s",
+                f"wall time:           {self.wall_s:.1f} s"
+                + (f" (the batch {self.batch_s:.1f} s)" if self.batch_s is not None else ""),
                 f"generated tokens:    {self.num_generated_tokens} ({rate} tokens/s)",
                 f"prefix-cache hits:   {pct(self.prefix_cache_hit_rate)} of prompt tokens",
                 f"category accuracy:   {pct(self.accuracy)} over {self.num_classified} products "
@@ -616,13 +620,15 @@ def neighbour_vote_accuracy(catalog: Catalog, products: list[Product]) -> Option
 
 
 def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float,
-              plan: Optional[EnrichmentPlan] = None) -> EnrichmentSummary:
+              plan: Optional[EnrichmentPlan] = None, batch_s: Optional[float] = None) -> EnrichmentSummary:
     """Summarize a finished enrichment batch.
 
     Args:
         catalog: the catalog the batch was built from (its categories are the ground truth).
         results: the batch's rows as :meth:`weir.jobs.client.Client.results` returns them.
-        wall_s: seconds from enqueue to the batch's end.
+        wall_s: seconds the command took (its start to this summary).
+        batch_s: seconds from enqueue to the batch's end, the generation rate's denominator (None:
+            ``wall_s``).
         plan: the incremental run's plan (new, changed, unchanged products), when there was one.
 
     ``num_failed_products`` counts the products with a job that did not succeed.
@@ -650,14 +656,16 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     categories = [truth.get(str(r["metadata"].get("product_id")), "") for r in classified]
     num_correct = sum(r["label"] == category for r, category in zip(classified, categories))
     majority = Counter(categories).most_common(1)
+    rate_s = wall_s if batch_s is None else batch_s
     return EnrichmentSummary(
         num_products=len(catalog.products),
         num_succeeded=sum(r["status"] == "succeeded" for r in results),
         num_failed=sum(r["status"] == "failed" for r in results),
         num_cancelled=sum(r["status"] == "cancelled" for r in results),
         wall_s=wall_s,
+        batch_s=batch_s,
         num_generated_tokens=num_generated,
-        generated_tokens_per_s=num_generated / wall_s if wall_s > 0 else None,
+        generated_tokens_per_s=num_generated / rate_s if rate_s > 0 else None,
         prefix_cache_hit_rate=num_cached / num_prompt if num_prompt else None,
         num_classified=len(classified),
         accuracy=num_correct / len(classified) if classified else None,

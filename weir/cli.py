@@ -202,9 +202,10 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         print(f"weir enrich: {args.catalog} has no products", file=sys.stderr)
         return EXIT_USAGE
 
-    def run(client: Client) -> int:
-        client.prompt_checker  # load the tokenizer before the clock starts
-        started = time.monotonic()
+    def run(client: Client) -> Any:
+        """Enqueue, wait; the exit status on a failure, else the finished batch's results."""
+        client.prompt_checker  # load the tokenizer before the batch's clock starts
+        batch_started = time.monotonic()
         try:
             batch_id = enqueue_catalog(client, catalog, plan=plan)
         except ValueError as exc:  # two products with one id, a request the schema refuses
@@ -224,8 +225,20 @@ def cmd_enrich(args: argparse.Namespace) -> int:
             if settings.worker.broker_url:
                 print(f"weir enrich: interrupted; batch {batch_id} goes on in the workers "
                       f"(`weir cancel {batch_id}` stops it)", file=sys.stderr)
-            raise
-        summary = summarize(catalog, client.results(batch_id), time.monotonic() - started, plan)
+                raise
+            # nothing will run the batch once this process ends: cancel what has not finished
+            print(f"weir enrich: interrupted; cancelling batch {batch_id}'s unfinished jobs and stopping the "
+                  "in-process worker", file=sys.stderr)
+            logging.getLogger("weir.worker").setLevel(logging.ERROR)  # the aborts of this cancel
+            client.cancel(batch_id)
+            raise EmbeddedRunInterrupted(batch_id) from None
+        return final, list(client.results(batch_id)), time.monotonic() - batch_started
+
+    def finish(outcome: Any) -> int:
+        if isinstance(outcome, int):
+            return outcome
+        final, results, batch_s = outcome
+        summary = summarize(catalog, results, time.monotonic() - args.started_s, plan, batch_s=batch_s)
         print(summary.format())
         return EXIT_OK if final.num_failed == 0 and final.num_cancelled == 0 else EXIT_FAILED
 
@@ -241,28 +254,58 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     if settings.worker.broker_url:
         client = Client(settings)
         try:
-            return run(client)
+            outcome = run(client)
         finally:
             client.close()
+        return finish(outcome)
 
-    print(
-        f"weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in "
-        f"{settings.database.url()}",
-        file=sys.stderr,
-    )
     from weir.jobs.model_info import PromptChecker
+    from weir.model_source import resolve_model
     from weir.worker.app import app
     from weir.worker.embedded import embedded_worker
 
-    with embedded_worker(app, settings) as runtime:
-        processor = runtime.front.processor
-        checker = PromptChecker(processor.tokenizer, processor.max_model_len, vocab_size=processor.vocab_size,
-                                max_logprobs=settings.engine.max_logprobs)
-        client = Client(settings, celery_app=app, prompt_checker=checker)
-        try:
-            return run(client)
-        finally:
-            client.close()
+    model = resolve_model(settings.engine.model)  # a missing model: one line before anything starts
+    print(f"weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in {settings.database.url()}",
+          file=sys.stderr)
+    print(f"weir enrich: loading model {model.name} ({model.location})", file=sys.stderr)
+    try:
+        with embedded_worker(app, settings) as runtime:
+            processor = runtime.front.processor
+            checker = PromptChecker(processor.tokenizer, processor.max_model_len, vocab_size=processor.vocab_size,
+                                    max_logprobs=settings.engine.max_logprobs)
+            client = Client(settings, celery_app=app, prompt_checker=checker)
+            try:
+                outcome = run(client)
+            finally:
+                client.close()
+    except EmbeddedRunInterrupted as interrupted:
+        _report_interrupted_run(settings, catalog, interrupted.batch_id)
+        return EXIT_INTERRUPTED
+    return finish(outcome)
+
+
+class EmbeddedRunInterrupted(Exception):
+    """Ctrl-C stopped an embedded ``weir enrich`` once its batch was stored (and its unfinished jobs
+    cancelled); raised through the in-process worker's shutdown."""
+
+    def __init__(self, batch_id: Any) -> None:
+        super().__init__(f"batch {batch_id} interrupted")
+        self.batch_id = batch_id
+
+
+def _report_interrupted_run(settings: Settings, catalog: Any, batch_id: Any) -> None:
+    """Print the interrupted batch's counts and how many products the next run enriches."""
+    from weir.jobs.client import Client
+
+    client = Client(settings)
+    try:
+        batch = client.batch_status(batch_id)
+    finally:
+        client.close()
+    num_left = len(_plan(settings, catalog, full=False).todo)
+    print(f"weir enrich: batch {batch_id} {batch.status.value}: {batch.num_succeeded} of {batch.num_jobs} jobs "
+          f"succeeded, {batch.num_cancelled} cancelled; {num_left} products are left: the same command without "
+          "--full enriches only those", file=sys.stderr)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -740,6 +783,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _process_started_s() -> float:
+    """When this process started, on the ``time.monotonic()`` clock: the interpreter's start and
+    weir's imports count in a command's wall time (psutil's ``create_time``, 10 ms resolution)."""
+    import psutil
+
+    return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+
+
 def _settings_or_none() -> Optional[Settings]:
     try:
         return get_settings()
@@ -758,11 +809,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from weir.errors import one_line
     from weir.jobs.client import PublishError
 
+    started_s = _process_started_s()  # weir enrich's wall time counts from here
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])
     args = build_parser().parse_args(argv)
+    args.started_s = started_s
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -3,9 +3,12 @@
 import csv
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 from sqlalchemy import make_url
@@ -299,6 +302,7 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     # the default spec and an [extract] schema: a third job per product
     spec = tmp_path / "shop.toml"
     spec.write_text('[extract.fields]\nunit = { enum = ["g", "kg"] }\n[extract.sampling]\nmax_tokens = 24\n')
+    started_s = time.monotonic()
     done = weir(
         "enrich", str(catalog), "--limit", "2", "--spec", str(spec),
         cwd=str(tmp_path),
@@ -306,8 +310,14 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
                        "WEIR_CPU_KV_CACHE_BYTES": str(8 << 20)},
         timeout_s=300,
     )
+    real_s = time.monotonic() - started_s
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "no WEIR_BROKER_URL, running an in-process worker" in done.stderr
+    assert done.stderr.splitlines()[:2] == [
+        "weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in sqlite:///weir.db",
+        f"weir enrich: loading model {os.path.basename(tiny_model_dir)} ({tiny_model_dir})"]
+    # the whole command: starting Python, loading the model, the batch, the summary
+    wall_s = float(re.search(r"^wall time: +([0-9.]+) s \(the batch [0-9.]+ s\)$", done.stdout, re.M).group(1))
+    assert real_s - 2.0 <= wall_s <= real_s
     assert "jobs:                6 succeeded, 0 failed" in done.stdout
     assert "category accuracy:" in done.stdout and "over 2 products" in done.stdout
     with sqlite3.connect(tmp_path / "weir.db") as db:
@@ -337,6 +347,69 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     assert (again.returncode, again.stdout) == (0, "weir enrich: nothing to enrich: all 2 products are unchanged "
                                                    "since their last enrichment (same content, job spec and model); "
                                                    "--full redoes them\n")
+
+
+def _write_catalog(path, num_products):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        rows = csv.writer(f)
+        rows.writerow(["index", "product", "category", "brand", "description"])
+        for i in range(1, num_products + 1):
+            rows.writerow([str(i), f"Product {i}", ["Beverages", "Snacks"][i % 2], "Brand", ""])
+
+
+@pytest.mark.integration
+def test_ctrl_c_in_the_embedded_run_cancels_the_unfinished_jobs_and_says_how_to_resume(tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    catalog = tmp_path / "catalog.csv"
+    num_products = 200  # far more than the run gets through before the interrupt
+    _write_catalog(catalog, num_products)
+    spec = tmp_path / "slow.toml"  # descriptions of 64 tokens each, no stop string
+    spec.write_text("[describe.sampling]\nmax_tokens = 64\nstop = []\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""), WEIR_MODEL=tiny_model_dir,
+               WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS="2", WEIR_CPU_KV_CACHE_BYTES=str(8 << 20))
+    database = tmp_path / "weir.db"
+    # its own process group: the SIGINT goes to every process of the run, as Ctrl-C in a terminal does
+    proc = subprocess.Popen([sys.executable, "-m", "weir", "enrich", str(catalog), "--spec", str(spec)],
+                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        num_succeeded = 0
+        while num_succeeded < 4 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            if database.exists():
+                with sqlite3.connect(database, timeout=10) as db:
+                    try:
+                        num_succeeded = db.execute("SELECT count(*) FROM jobs WHERE status = 'succeeded'").fetchone()[0]
+                    except sqlite3.OperationalError:  # not migrated yet
+                        pass
+        assert proc.poll() is None and num_succeeded >= 4, "the run ended, or ran no job, before the interrupt"
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, stderr[-3000:]
+    with sqlite3.connect(database) as db:
+        (batch_id, status, num_jobs, succeeded, failed, cancelled), = db.execute(
+            "SELECT id, status, num_jobs, num_succeeded, num_failed, num_cancelled FROM batches").fetchall()
+        jobs = dict(db.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall())
+        num_enriched = db.execute("SELECT count(*) FROM product_enrichment WHERE category IS NOT NULL "
+                                  "AND description IS NOT NULL").fetchone()[0]
+    # nothing is left queued or running: nothing would ever run it
+    assert (status, num_jobs, failed) == ("cancelled", 2 * num_products, 0)
+    assert jobs == {"succeeded": succeeded, "cancelled": cancelled} and succeeded + cancelled == num_jobs
+    assert 0 < succeeded < num_jobs and num_enriched < num_products
+    batch = str(uuid.UUID(batch_id))
+    assert "Traceback" not in stderr and stdout == ""
+    assert stderr.splitlines()[-2:] == [
+        f"weir enrich: interrupted; cancelling batch {batch}'s unfinished jobs and stopping the in-process worker",
+        f"weir enrich: batch {batch} cancelled: {succeeded} of {num_jobs} jobs succeeded, {cancelled} cancelled; "
+        f"{num_products - num_enriched} products are left: the same command without --full enriches only those"]
 
 
 def test_sweep_and_cancel_commands(redis_url, postgres_url):
