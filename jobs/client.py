@@ -621,6 +621,11 @@ class Client:
         with self.session_factory() as session:
             return BatchProgress.of(store.get_batch(session, _as_uuid(batch_id)))
 
+    def recent_batches(self, limit: int = 20) -> list[BatchProgress]:
+        """The ``limit`` most recently created batches, newest first."""
+        with self.session_factory() as session:
+            return [BatchProgress.of(batch) for batch in store.recent_batches(session, limit)]
+
     def wait(
         self,
         batch_id: BatchId,

@@ -1,5 +1,5 @@
-"""The ``weir`` command line: ``worker``, ``enrich``, ``sweep``, ``cancel``, ``batch``, ``db``, ``health``,
-``bench``.
+"""The ``weir`` command line: ``worker``, ``enrich``, ``batches``, ``results``, ``sweep``, ``cancel``, ``batch``, ``db``,
+``health``, ``bench``.
 
 Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
 differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error
@@ -325,6 +325,37 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     finally:
         client.close()
     print(f"published {num_published} jobs again")
+    return EXIT_OK
+
+
+BATCH_COLUMNS = ("batch", "status", "jobs", "succeeded", "failed", "cancelled", "created (UTC)", "model")
+
+
+def cmd_batches(args: argparse.Namespace) -> int:
+    """Print the most recent batches, newest first: id, status, counts, creation time, model."""
+    from weir.jobs.client import Client
+
+    if args.limit < 1:
+        print(f"weir batches: --limit must be >= 1, got {args.limit}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = get_settings()
+    client = Client(settings)
+    try:
+        batches = client.recent_batches(args.limit)
+    finally:
+        client.close()
+    if not batches:
+        print(f"no batches in {settings.database.url()}")
+        return EXIT_OK
+    rows = [BATCH_COLUMNS] + [
+        (str(b.id), b.status.value, str(b.num_jobs), str(b.num_succeeded), str(b.num_failed), str(b.num_cancelled),
+         b.created_at.strftime("%Y-%m-%d %H:%M:%S"), b.model) for b in batches]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(BATCH_COLUMNS))]
+    numeric = {2, 3, 4, 5}
+    for row in rows:
+        cells = [cell.rjust(width) if i in numeric else cell.ljust(width)
+                 for i, (cell, width) in enumerate(zip(row, widths))]
+        print("  ".join(cells).rstrip())
     return EXIT_OK
 
 
@@ -727,6 +758,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "FILE is refused unless --force")
     results.add_argument("--force", action="store_true", help="replace an existing --output FILE")
     results.set_defaults(func=cmd_results)
+
+    batches = command("batches", "list the most recent batches, newest first: status, job counts, creation "
+                                 "time, model")
+    batches.add_argument("--limit", type=int, default=20, help="how many batches (default 20)")
+    batches.set_defaults(func=cmd_batches)
 
     batch = command("batch", "OpenAI batch files: submit a request file, follow the batch, write its "
                              "output and error files")

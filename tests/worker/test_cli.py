@@ -124,6 +124,47 @@ def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
         2, "weir results: no batch with id 00000000-0000-0000-0000-000000000000\n")
 
 
+def test_batches_lists_the_most_recent_batches_with_status_and_counts(tmp_path):
+    import datetime
+
+    from sqlalchemy import update
+
+    from weir.jobs import store
+    from weir.jobs.db import Batch, JobStatus, make_engine, make_session_factory
+    from weir.jobs.schemas import GenerateRequest
+    from weir.jobs.store import JobResult
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    migrations.upgrade(url)
+    assert (weir("batches", env_overrides=env).stdout) == f"no batches in {url}\n"
+    engine = make_engine(url)
+    session_factory = make_session_factory(engine)
+    with session_factory.begin() as session:
+        done, [job, _] = store.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
+                                            model="tiny")
+        cancelled, _ = store.create_batch(session, [GenerateRequest(prompt="p")] * 3, model="SmolLM2-135M-Instruct")
+        for batch, minute in ((done, 1), (cancelled, 2)):
+            session.execute(update(Batch).where(Batch.id == batch.id)
+                            .values(created_at=datetime.datetime(2026, 5, 1, 12, minute, 30)))
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job.id)
+    with session_factory.begin() as session:
+        store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop"))
+        store.cancel_batch(session, cancelled.id)
+    engine.dispose()
+    listed = weir("batches", env_overrides=env)
+    assert (listed.returncode, listed.stderr) == (0, "")
+    assert listed.stdout.splitlines() == [
+        "batch                                 status       jobs  succeeded  failed  cancelled  created (UTC)        model",
+        f"{cancelled.id}  cancelled       3          0       0          3  2026-05-01 12:02:30  SmolLM2-135M-Instruct",
+        f"{done.id}  in_progress     2          1       0          0  2026-05-01 12:01:30  tiny"]
+    assert weir("batches", "--limit", "1", env_overrides=env).stdout.splitlines()[1:] == [
+        f"{cancelled.id}  cancelled     3          0       0          3  2026-05-01 12:02:30  SmolLM2-135M-Instruct"]
+    refused = weir("batches", "--limit", "0", env_overrides=env)
+    assert (refused.returncode, refused.stderr) == (2, "weir batches: --limit must be >= 1, got 0\n")
+
+
 def test_an_id_that_is_not_a_uuid_is_one_line_naming_it(tmp_path):
     env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
     said = {}
