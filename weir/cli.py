@@ -314,7 +314,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     if not settings.worker.broker_url:
-        print("weir sweep: WEIR_BROKER_URL is not set", file=sys.stderr)
+        print("weir sweep: WEIR_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0); without a broker no "
+              "message waits to be swept: weir enrich and the client run their jobs in-process", file=sys.stderr)
         return EXIT_USAGE
     client = Client(settings)
     try:

@@ -32,6 +32,19 @@ def test_worker_without_broker_exits_with_a_clear_message():
     assert "WEIR_BROKER_URL is not set" in done.stderr
 
 
+def test_commands_that_need_a_broker_say_so_in_one_line_without_one(tmp_path):
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    said = {command: weir(*command.split(), env_overrides=env) for command in ("worker", "sweep", "health worker")}
+    assert {command: (done.returncode, done.stdout, done.stderr) for command, done in said.items()} == {
+        "worker": (2, "", "weir worker: WEIR_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0). A worker serves "
+                          "a shared broker; to run a catalog without one, use `weir enrich`, which starts an "
+                          "in-process worker.\n"),
+        "sweep": (2, "", "weir sweep: WEIR_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0); without a broker "
+                         "no message waits to be swept: weir enrich and the client run their jobs in-process\n"),
+        "health worker": (2, "", "weir health worker: WEIR_BROKER_URL is not set\n"),
+    }
+
+
 def test_worker_refuses_an_unmigrated_database(redis_url):
     # A SQLite file would be migrated on the spot; a shared Postgres database is only checked.
     with support.fresh_postgres_database() as url:
