@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import pickle
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -239,6 +240,10 @@ def run_engine_core(conn, engine_args: dict, collect_stats: bool, num_threads: O
 
     from weir.engine.engine_args import EngineArgs
 
+    # The client owns this process's lifetime (a shutdown call, or its end of the pipe closing): a
+    # Ctrl-C sent to the terminal's process group reaches this process too, and must not kill it
+    # under a client that is still shutting down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_process_name(PROCESS_NAME)
     if cpu_affinity:
         os.sched_setaffinity(0, cpu_affinity)

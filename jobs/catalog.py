@@ -111,6 +111,22 @@ def label_path(cell: str, taxonomy: Taxonomy) -> list[str]:
 DEFAULT_ENCODING = "utf-8"
 
 
+class MissingColumns(ValueError):
+    """The catalog's header lacks columns the spec needs: ``c.csv: no column 'category'; header
+    is ['index', 'product']``.
+
+    Attributes:
+        path: the catalog file.
+        missing: role (as :meth:`weir.jobs.spec.JobSpec.required_columns` names it) -> the column
+            the spec expects.
+        header: the file's header row.
+    """
+
+    def __init__(self, path: str, missing: dict[str, str], header: list[str]) -> None:
+        super().__init__(f"{path}: no column {', '.join(map(repr, missing.values()))}; header is {header}")
+        self.path, self.missing, self.header = path, missing, header
+
+
 class CatalogEncodingError(ValueError):
     """A catalog (or taxonomy) file holds a byte sequence its encoding cannot decode.
 
@@ -222,9 +238,9 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
     (:attr:`Catalog.absent_columns` lists the first kind), and prompts leave it out.
 
     Raises:
-        ValueError: the file is empty or its first line (the header) blank; a column the spec
-            needs (id, name, the taxonomy's label and hint columns) is missing from the header,
-            named in one line with the header; the file has no rows below its header and the
+        MissingColumns: a column the spec needs (id, name, the taxonomy's label and hint
+            columns) is missing from the header, named in one line with the header.
+        ValueError: the file is empty or its first line (the header) blank; the file has no rows below its header and the
             labels come from a column; or there is no label at all (no row has one and the spec names no taxonomy file); ``encoding`` is unknown or
             not a text encoding.
         CatalogEncodingError: a byte the encoding cannot decode; the message names the file, the
@@ -250,11 +266,11 @@ def _read_catalog(path: str, spec: JobSpec, limit: Optional[int], encoding: str)
         if not reader.fieldnames:
             raise ValueError(f"{path}: line 1, the header row, is blank")
         header = reader.fieldnames
-        required = [c.id, c.name] + ([t.column] if from_column else [])
-        required += [t.hint_column] if from_column and t.hint_column else []
-        missing = [name for name in required if name not in header]
+        roles = spec.required_columns()
+        required = list(roles.values())
+        missing = {role: name for role, name in roles.items() if name not in header}
         if missing:
-            raise ValueError(f"{path}: no column {', '.join(map(repr, missing))}; header is {header}")
+            raise MissingColumns(path, missing, list(header))
         optional = {key: getattr(c, key) for key in OPTIONAL_COLUMNS}
         absent = {key: name for key, name in optional.items() if name and name not in header}
         wanted = required + [name for name in optional.values() if name and name in header]
@@ -518,6 +534,7 @@ class EnrichmentSummary:
     num_succeeded: int
     num_failed: int
     wall_s: float
+    """The whole command's time: reading, loading the model, the batch, this summary."""
     num_generated_tokens: int
     generated_tokens_per_s: Optional[float]
     prefix_cache_hit_rate: Optional[float]
@@ -533,6 +550,13 @@ class EnrichmentSummary:
     plan: Optional["EnrichmentPlan"] = None
     num_failed_products: int = 0
     num_cancelled: int = 0
+    neighbour_vote_accuracy: Optional[float] = None
+    """Accuracy of the nearest-neighbour vote with no model (:meth:`weir.jobs.exemplars.ExemplarIndex.vote`)
+    on the same products; None without a labelled pool."""
+    how_chosen: str = ""
+    """How the model chose categories, one line (:func:`how_categories_are_chosen`)."""
+    batch_s: Optional[float] = None
+    """From enqueue to the batch's end (the rate's denominator); None: ``wall_s``."""
 
     @property
     def clean_rate(self) -> Optional[float]:
@@ -555,11 +579,14 @@ class EnrichmentSummary:
                 f"products:            {products}",
                 f"jobs:                {self.num_succeeded} succeeded, {self.num_failed} failed"
                 + (f", {self.num_cancelled} cancelled" if self.num_cancelled else ""),
-                f"wall time:           {self.wall_s:.1f} s",
+                f"wall time:           {self.wall_s:.1f} s"
+                + (f" (the batch {self.batch_s:.1f} s)" if self.batch_s is not None else ""),
                 f"generated tokens:    {self.num_generated_tokens} ({rate} tokens/s)",
                 f"prefix-cache hits:   {pct(self.prefix_cache_hit_rate)} of prompt tokens",
                 f"category accuracy:   {pct(self.accuracy)} over {self.num_classified} products "
-                f"(majority baseline {pct(self.majority_baseline)}: {self.majority_label})",
+                f"(majority baseline {pct(self.majority_baseline)}: {self.majority_label}; "
+                f"nearest-neighbour vote, no model: {pct(self.neighbour_vote_accuracy)})",
+            ] + ([f"categories chosen:   {self.how_chosen}"] if self.how_chosen else []) + [
                 f"descriptions clean:  {pct(self.clean_rate)} of {self.num_described} "
                 f"({', '.join(f'{k} {v}' for k, v in sorted(self.description_quality.items())) or 'none'})",
             ] + ([f"attributes:          {self.num_attributes_valid} of {self.num_extracted} extracted valid "
@@ -567,26 +594,55 @@ class EnrichmentSummary:
         )
 
 
+def how_categories_are_chosen(spec: JobSpec) -> str:
+    """One line saying how the classification jobs of ``spec`` choose a category."""
+    if spec.classify.method == "exemplars":
+        k = spec.classify.num_exemplars
+        return (f"the model scores each label after a prompt that shows the product's {k} nearest labelled "
+                f"products of the same catalog (TF-IDF of name and brand) with their categories")
+    return "the model scores each label, with its commonest sub-labels, calibrated against \"N/A\"; no examples"
+
+
+def neighbour_vote_accuracy(catalog: Catalog, products: list[Product]) -> Optional[float]:
+    """Share of ``products`` whose category the nearest-neighbour vote alone gets right: the
+    categories of the spec's ``num_exemplars`` nearest labelled products (those a prompt shows),
+    weighted by similarity (:meth:`weir.jobs.exemplars.ExemplarIndex.vote`; a tie goes to the
+    nearest). None when ``products`` is empty or the catalog has no labelled pool."""
+    if not products or not catalog.pool:
+        return None
+    index = ExemplarIndex(catalog.pool)
+    k = catalog.spec.classify.num_exemplars
+    num_correct = 0
+    for product in products:
+        votes = index.vote(product.product_id, product.name, product.brand, k)
+        num_correct += bool(votes) and max(votes, key=votes.get) == product.category
+    return num_correct / len(products)
+
+
 def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float,
-              plan: Optional[EnrichmentPlan] = None) -> EnrichmentSummary:
+              plan: Optional[EnrichmentPlan] = None, batch_s: Optional[float] = None) -> EnrichmentSummary:
     """Summarize a finished enrichment batch.
 
     Args:
         catalog: the catalog the batch was built from (its categories are the ground truth).
         results: the batch's rows as :meth:`weir.jobs.client.Client.results` returns them.
-        wall_s: seconds from enqueue to the batch's end.
+        wall_s: seconds the command took (its start to this summary).
+        batch_s: seconds from enqueue to the batch's end, the generation rate's denominator (None:
+            ``wall_s``).
         plan: the incremental run's plan (new, changed, unchanged products), when there was one.
 
     ``num_failed_products`` counts the products with a job that did not succeed.
     Accuracy counts succeeded classification jobs of products that have a catalog category (at
     the spec's taxonomy level) whose label equals it; the majority baseline is the share of the
-    most common category among those products. Description quality counts each succeeded
+    most common category among those products, the nearest-neighbour vote's accuracy
+    (:func:`neighbour_vote_accuracy`) is over the same products. Description quality counts each succeeded
     description's :func:`weir.jobs.quality.description_quality`. Of the succeeded attribute
     extractions, ``num_attributes_valid`` have a parsed value (finished, so valid against the
     schema) and ``num_attributes_cut`` were cut by ``max_tokens``.
     """
     results = list(results)
     truth = {p.product_id: p.category for p in catalog.products}
+    by_id = {p.product_id: p for p in catalog.products}
     num_generated = sum(r["num_completion_tokens"] or 0 for r in results if r["kind"] == "generate")
     num_prompt = sum(r["num_prompt_tokens"] or 0 for r in results)
     num_cached = sum(r["num_cached_tokens"] or 0 for r in results)
@@ -600,14 +656,16 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     categories = [truth.get(str(r["metadata"].get("product_id")), "") for r in classified]
     num_correct = sum(r["label"] == category for r, category in zip(classified, categories))
     majority = Counter(categories).most_common(1)
+    rate_s = wall_s if batch_s is None else batch_s
     return EnrichmentSummary(
         num_products=len(catalog.products),
         num_succeeded=sum(r["status"] == "succeeded" for r in results),
         num_failed=sum(r["status"] == "failed" for r in results),
         num_cancelled=sum(r["status"] == "cancelled" for r in results),
         wall_s=wall_s,
+        batch_s=batch_s,
         num_generated_tokens=num_generated,
-        generated_tokens_per_s=num_generated / wall_s if wall_s > 0 else None,
+        generated_tokens_per_s=num_generated / rate_s if rate_s > 0 else None,
         prefix_cache_hit_rate=num_cached / num_prompt if num_prompt else None,
         num_classified=len(classified),
         accuracy=num_correct / len(classified) if classified else None,
@@ -619,5 +677,8 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         num_attributes_valid=sum(r["parsed"] is not None for r in extracted),
         num_attributes_cut=sum(r["finish_reason"] == "length" for r in extracted),
         plan=plan,
+        neighbour_vote_accuracy=neighbour_vote_accuracy(
+            catalog, [by_id[str(r["metadata"].get("product_id"))] for r in classified]),
+        how_chosen=how_categories_are_chosen(catalog.spec),
         num_failed_products=len({str(r["metadata"].get("product_id")) for r in results if r["status"] != "succeeded"}),
     )

@@ -14,6 +14,7 @@ whose message was never published or was lost are published again by :meth:`Clie
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -273,6 +274,7 @@ class Client:
         self.engine = engine_for(self.settings.database)
         self.session_factory = make_session_factory(self.engine)
         self._celery_app = celery_app
+        self._embedded: Optional[contextlib.ExitStack] = None
         if prompt_checker is not None:
             self.prompt_checker = prompt_checker
 
@@ -299,6 +301,41 @@ class Client:
             # Celery's setting, off by default as Celery's: each event is one more Redis publish
             self._celery_app.conf.task_send_sent_event = self.settings.worker.task_send_sent_event
         return self._celery_app
+
+    def _publishing_app(self) -> Any:
+        """The app to publish through; with no broker URL and no app handed in, the in-process
+        worker's, started first (:meth:`_start_embedded`)."""
+        if self._celery_app is None and not self.settings.worker.broker_url:
+            self._start_embedded()
+        return self.celery_app
+
+    def _start_embedded(self) -> None:
+        """The embedded mode of ``weir enrich``, for a client with no ``WEIR_BROKER_URL``: migrate a
+        SQLite database, load the model and run the same tasks on an in-process worker and broker
+        (:func:`weir.worker.embedded.embedded_worker`) until :meth:`close`. Its jobs run only while
+        this process lives. The engine's step loop runs on a thread of this process
+        (``WEIR_ENGINE_MULTIPROCESSING=false``): a process of its own would be spawned by running
+        the caller's script again, which a script without an ``if __name__ == "__main__":`` guard
+        cannot survive."""
+        from weir import migrations
+        from weir.worker.app import app
+        from weir.worker.embedded import embedded_worker
+
+        url = self.settings.database.url()
+        if url.startswith("sqlite"):
+            migrations.upgrade(url)
+        logger.warning("no WEIR_BROKER_URL: running the jobs on an in-process worker (loading model %s); "
+                       "results in %s", self.model, maybe_sanitize_url(url))
+        with contextlib.ExitStack() as stack:
+            in_process = self.settings.worker.model_copy(update={"engine_multiprocessing": False})
+            runtime = stack.enter_context(embedded_worker(app, self.settings.model_copy(update={"worker": in_process})))
+            if "prompt_checker" not in self.__dict__:  # the engine's tokenizer, not a second copy
+                processor = runtime.front.processor
+                self.prompt_checker = PromptChecker(processor.tokenizer, processor.max_model_len,
+                                                    vocab_size=processor.vocab_size,
+                                                    max_logprobs=self.settings.engine.max_logprobs)
+            self._embedded = stack.pop_all()
+        self._celery_app = app
 
     def validate(self, requests: Iterable[RequestLike]) -> list[JobRequest]:
         """Parse and length-check requests; nothing is stored.
@@ -377,7 +414,7 @@ class Client:
             EngineLimitError: ``logprobs``/``prompt_logprobs`` above ``WEIR_MAX_LOGPROBS``, or
                 ``stop_token_ids`` outside the model's vocabulary (the message names the field,
                 the ``custom_id`` and batch index); nothing was stored.
-            BrokerNotConfigured, BrokerUnreachable: no broker to publish to; nothing was stored.
+            BrokerUnreachable: no broker to publish to; nothing was stored.
             PublishError: the batch is stored but the broker failed part way; the jobs not
                 published have ``published_at`` null and the sweeper publishes them.
         """
@@ -391,7 +428,7 @@ class Client:
         first = next(remaining, _NO_REQUEST)
         if first is _NO_REQUEST:
             raise ValueError("enqueue_batch needs at least one request")
-        celery_app = self.celery_app
+        celery_app = self._publishing_app()
         if idempotency_key is not None and not (isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 300):
             raise ValueError("idempotency_key must be a string of 1 to 300 characters")
         _check_broker(celery_app)
@@ -628,6 +665,11 @@ class Client:
         with self.session_factory() as session:
             return BatchProgress.of(store.get_batch(session, _as_uuid(batch_id)))
 
+    def recent_batches(self, limit: int = 20) -> list[BatchProgress]:
+        """The ``limit`` most recently created batches, newest first."""
+        with self.session_factory() as session:
+            return [BatchProgress.of(batch) for batch in store.recent_batches(session, limit)]
+
     def wait(
         self,
         batch_id: BatchId,
@@ -765,5 +807,9 @@ class Client:
         return retry_on_conflict(cancel)
 
     def close(self) -> None:
-        """Release database connections."""
+        """Stop the in-process worker, if this client started one (its running jobs finish
+        first), and release database connections."""
+        if self._embedded is not None:
+            embedded, self._embedded = self._embedded, None
+            embedded.close()
         self.engine.dispose()

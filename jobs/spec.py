@@ -234,6 +234,16 @@ class JobSpec:
         changed = {k: v for k, v in names.items() if v is not None}
         return dataclasses.replace(self, columns=dataclasses.replace(self.columns, **changed))
 
+    def required_columns(self) -> dict[str, str]:
+        """The columns a catalog must have, by role: ``id``, ``name``, and with labels from a
+        column ``category`` (the taxonomy's column) and ``hint`` (its hint column, when named)."""
+        required = {"id": self.columns.id, "name": self.columns.name}
+        if self.taxonomy.source == "column":
+            required["category"] = self.taxonomy.column
+            if self.taxonomy.hint_column:
+                required["hint"] = self.taxonomy.hint_column
+        return required
+
 
 _TABLES = {"columns": Columns, "domain": Domain, "taxonomy": Taxonomy, "classify": Classify,
            "describe": Describe, "extract": Extract}
@@ -401,6 +411,13 @@ def _check_extract(where: str, extract: Extract) -> None:
 def shipped_specs() -> list[str]:
     """The names of the shipped specs (``--spec NAME``), sorted: ``["bigbasket", "flipkart"]``."""
     return sorted(name[:-len(".toml")] for name in os.listdir(SPECS_DIR) if name.endswith(".toml"))
+
+
+def fitting_specs(header: list[str]) -> list[str]:
+    """The shipped specs (sorted names) whose required columns (:meth:`JobSpec.required_columns`)
+    are all in ``header``, a catalog's header row."""
+    return [name for name in shipped_specs()
+            if all(column in header for column in load_spec(name).required_columns().values())]
 
 
 def load_spec(path: Optional[str] = None) -> JobSpec:

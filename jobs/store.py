@@ -1072,6 +1072,12 @@ def get_batch(session: Session, batch_id: uuid.UUID) -> Batch:
     return batch
 
 
+def recent_batches(session: Session, limit: int) -> list[Batch]:
+    """The ``limit`` most recently created batches, newest first (``ix_batches_created_at``)."""
+    stmt = select(Batch).order_by(Batch.created_at.desc(), Batch.id).limit(limit)
+    return list(session.execute(stmt).scalars())
+
+
 def list_jobs(session: Session, batch_id: uuid.UUID) -> list[Job]:
     """A batch's jobs in submission order."""
     stmt = select(Job).where(Job.batch_id == batch_id).order_by(Job.batch_index)

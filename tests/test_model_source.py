@@ -31,8 +31,17 @@ def test_resolve_a_folder(tmp_path):
 
 
 def test_resolve_refuses_what_is_not_a_model(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither a GGUF file nor a local model folder"):
-        resolve_model(str(tmp_path / "missing"))
+    missing = str(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError) as raised:
+        resolve_model(missing)
+    assert str(raised.value) == (f"model {missing!r}: no such file or folder (WEIR_MODEL: a .gguf file or a "
+                                 "local Hugging Face model folder)")
+    with pytest.raises(FileNotFoundError) as raised:
+        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert str(raised.value) == (
+        "model 'HuggingFaceTB/SmolLM2-135M-Instruct' is not a local file or folder; weir loads no model from "
+        "the hub: download it first (hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR) and set "
+        "WEIR_MODEL=DIR")
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match="is not a .gguf file"):
         resolve_model(str(tmp_path / "weights.bin"))

@@ -1,5 +1,5 @@
-"""The ``weir`` command line: ``worker``, ``enrich``, ``sweep``, ``cancel``, ``batch``, ``db``, ``health``,
-``bench``.
+"""The ``weir`` command line: ``worker``, ``enrich``, ``batches``, ``results``, ``sweep``, ``cancel``, ``batch``, ``db``,
+``health``, ``bench``.
 
 Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
 differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error
@@ -142,11 +142,29 @@ def _plan(settings: Settings, catalog: Any, full: bool) -> Any:
         engine.dispose()
 
 
+COLUMN_FLAGS = {"id": "--id-col", "name": "--product-col", "category": "--category-col"}
+"""The ``weir enrich`` flag naming each role of :meth:`weir.jobs.spec.JobSpec.required_columns`
+(the hint column has none: a job spec names it)."""
+
+
+def _missing_columns_hint(exc: Any, spec: Optional[str]) -> str:
+    """What to do about a catalog lacking columns (:class:`weir.jobs.catalog.MissingColumns`): the
+    shipped specs its header fits, the flags naming the missing columns, a job spec."""
+    from weir.jobs.spec import fitting_specs
+
+    fits = [f"the header fits the shipped spec {name} (--spec {name})"
+            for name in fitting_specs(exc.header) if name != spec]
+    flags = [COLUMN_FLAGS[role] for role in exc.missing if role in COLUMN_FLAGS]
+    name_them = (f"name the columns with {', '.join(flags)} or in a job spec" if flags
+                 else "name the columns in a job spec")
+    return "; or ".join(fits + [f"{name_them} (--spec FILE, layout in jobs/spec.py)"])
+
+
 def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
     import dataclasses
 
-    from weir.jobs.catalog import enqueue_catalog, read_catalog, summarize
+    from weir.jobs.catalog import MissingColumns, enqueue_catalog, read_catalog, summarize
     from weir.jobs.client import Client
     from weir.jobs.spec import load_spec
     from weir.progress import progress_bar
@@ -166,10 +184,11 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         if args.category_col is not None:
             spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, column=args.category_col))
         catalog = read_catalog(args.catalog, spec, limit=args.limit, encoding=args.encoding)
+    except MissingColumns as exc:
+        print(f"weir enrich: {exc}; {_missing_columns_hint(exc, args.spec)}", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, ValueError) as exc:
-        hint = ("; name the catalog's columns in a job spec (--spec FILE, layout in jobs/spec.py)"
-                if args.spec is None and "no column" in str(exc) else "")
-        print(f"weir enrich: {exc}{hint}", file=sys.stderr)
+        print(f"weir enrich: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if catalog.absent_columns:
         absent = catalog.absent_columns
@@ -183,9 +202,10 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         print(f"weir enrich: {args.catalog} has no products", file=sys.stderr)
         return EXIT_USAGE
 
-    def run(client: Client) -> int:
-        client.prompt_checker  # load the tokenizer before the clock starts
-        started = time.monotonic()
+    def run(client: Client) -> Any:
+        """Enqueue, wait; the exit status on a failure, else the finished batch's results."""
+        client.prompt_checker  # load the tokenizer before the batch's clock starts
+        batch_started = time.monotonic()
         try:
             batch_id = enqueue_catalog(client, catalog, plan=plan)
         except ValueError as exc:  # two products with one id, a request the schema refuses
@@ -205,8 +225,20 @@ def cmd_enrich(args: argparse.Namespace) -> int:
             if settings.worker.broker_url:
                 print(f"weir enrich: interrupted; batch {batch_id} goes on in the workers "
                       f"(`weir cancel {batch_id}` stops it)", file=sys.stderr)
-            raise
-        summary = summarize(catalog, client.results(batch_id), time.monotonic() - started, plan)
+                raise
+            # nothing will run the batch once this process ends: cancel what has not finished
+            print(f"weir enrich: interrupted; cancelling batch {batch_id}'s unfinished jobs and stopping the "
+                  "in-process worker", file=sys.stderr)
+            logging.getLogger("weir.worker").setLevel(logging.ERROR)  # the aborts of this cancel
+            client.cancel(batch_id)
+            raise EmbeddedRunInterrupted(batch_id) from None
+        return final, list(client.results(batch_id)), time.monotonic() - batch_started
+
+    def finish(outcome: Any) -> int:
+        if isinstance(outcome, int):
+            return outcome
+        final, results, batch_s = outcome
+        summary = summarize(catalog, results, time.monotonic() - args.started_s, plan, batch_s=batch_s)
         print(summary.format())
         return EXIT_OK if final.num_failed == 0 and final.num_cancelled == 0 else EXIT_FAILED
 
@@ -222,28 +254,58 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     if settings.worker.broker_url:
         client = Client(settings)
         try:
-            return run(client)
+            outcome = run(client)
         finally:
             client.close()
+        return finish(outcome)
 
-    print(
-        f"weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in "
-        f"{settings.database.url()}",
-        file=sys.stderr,
-    )
     from weir.jobs.model_info import PromptChecker
+    from weir.model_source import resolve_model
     from weir.worker.app import app
     from weir.worker.embedded import embedded_worker
 
-    with embedded_worker(app, settings) as runtime:
-        processor = runtime.front.processor
-        checker = PromptChecker(processor.tokenizer, processor.max_model_len, vocab_size=processor.vocab_size,
-                                max_logprobs=settings.engine.max_logprobs)
-        client = Client(settings, celery_app=app, prompt_checker=checker)
-        try:
-            return run(client)
-        finally:
-            client.close()
+    model = resolve_model(settings.engine.model)  # a missing model: one line before anything starts
+    print(f"weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in {settings.database.url()}",
+          file=sys.stderr)
+    print(f"weir enrich: loading model {model.name} ({model.location})", file=sys.stderr)
+    try:
+        with embedded_worker(app, settings) as runtime:
+            processor = runtime.front.processor
+            checker = PromptChecker(processor.tokenizer, processor.max_model_len, vocab_size=processor.vocab_size,
+                                    max_logprobs=settings.engine.max_logprobs)
+            client = Client(settings, celery_app=app, prompt_checker=checker)
+            try:
+                outcome = run(client)
+            finally:
+                client.close()
+    except EmbeddedRunInterrupted as interrupted:
+        _report_interrupted_run(settings, catalog, interrupted.batch_id)
+        return EXIT_INTERRUPTED
+    return finish(outcome)
+
+
+class EmbeddedRunInterrupted(Exception):
+    """Ctrl-C stopped an embedded ``weir enrich`` once its batch was stored (and its unfinished jobs
+    cancelled); raised through the in-process worker's shutdown."""
+
+    def __init__(self, batch_id: Any) -> None:
+        super().__init__(f"batch {batch_id} interrupted")
+        self.batch_id = batch_id
+
+
+def _report_interrupted_run(settings: Settings, catalog: Any, batch_id: Any) -> None:
+    """Print the interrupted batch's counts and how many products the next run enriches."""
+    from weir.jobs.client import Client
+
+    client = Client(settings)
+    try:
+        batch = client.batch_status(batch_id)
+    finally:
+        client.close()
+    num_left = len(_plan(settings, catalog, full=False).todo)
+    print(f"weir enrich: batch {batch_id} {batch.status.value}: {batch.num_succeeded} of {batch.num_jobs} jobs "
+          f"succeeded, {batch.num_cancelled} cancelled; {num_left} products are left: the same command without "
+          "--full enriches only those", file=sys.stderr)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -252,7 +314,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     if not settings.worker.broker_url:
-        print("weir sweep: WEIR_BROKER_URL is not set", file=sys.stderr)
+        print("weir sweep: WEIR_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0); without a broker no "
+              "message waits to be swept: weir enrich and the client run their jobs in-process", file=sys.stderr)
         return EXIT_USAGE
     client = Client(settings)
     try:
@@ -263,6 +326,37 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     finally:
         client.close()
     print(f"published {num_published} jobs again")
+    return EXIT_OK
+
+
+BATCH_COLUMNS = ("batch", "status", "jobs", "succeeded", "failed", "cancelled", "created (UTC)", "model")
+
+
+def cmd_batches(args: argparse.Namespace) -> int:
+    """Print the most recent batches, newest first: id, status, counts, creation time, model."""
+    from weir.jobs.client import Client
+
+    if args.limit < 1:
+        print(f"weir batches: --limit must be >= 1, got {args.limit}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = get_settings()
+    client = Client(settings)
+    try:
+        batches = client.recent_batches(args.limit)
+    finally:
+        client.close()
+    if not batches:
+        print(f"no batches in {settings.database.url()}")
+        return EXIT_OK
+    rows = [BATCH_COLUMNS] + [
+        (str(b.id), b.status.value, str(b.num_jobs), str(b.num_succeeded), str(b.num_failed), str(b.num_cancelled),
+         b.created_at.strftime("%Y-%m-%d %H:%M:%S"), b.model) for b in batches]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(BATCH_COLUMNS))]
+    numeric = {2, 3, 4, 5}
+    for row in rows:
+        cells = [cell.rjust(width) if i in numeric else cell.ljust(width)
+                 for i, (cell, width) in enumerate(zip(row, widths))]
+        print("  ".join(cells).rstrip())
     return EXIT_OK
 
 
@@ -666,6 +760,11 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--force", action="store_true", help="replace an existing --output FILE")
     results.set_defaults(func=cmd_results)
 
+    batches = command("batches", "list the most recent batches, newest first: status, job counts, creation "
+                                 "time, model")
+    batches.add_argument("--limit", type=int, default=20, help="how many batches (default 20)")
+    batches.set_defaults(func=cmd_batches)
+
     batch = command("batch", "OpenAI batch files: submit a request file, follow the batch, write its "
                              "output and error files")
     batch_commands = batch.add_subparsers(dest="batch_command", required=True, metavar="ACTION")
@@ -721,6 +820,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _process_started_s() -> float:
+    """When this process started, on the ``time.monotonic()`` clock: the interpreter's start and
+    weir's imports count in a command's wall time (psutil's ``create_time``, 10 ms resolution)."""
+    import psutil
+
+    return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+
+
 def _settings_or_none() -> Optional[Settings]:
     try:
         return get_settings()
@@ -739,11 +846,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from weir.errors import one_line
     from weir.jobs.client import PublishError
 
+    started_s = _process_started_s()  # weir enrich's wall time counts from here
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if argv and argv[0] == "bench":
         return cmd_bench(argv[1:])
     args = build_parser().parse_args(argv)
+    args.started_s = started_s
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import numbers
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Optional, Sequence, Union
@@ -36,6 +37,9 @@ GGUF_MAGIC = b"GGUF"
 # GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array are special).
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A Hugging Face hub id (``owner/name``), as ``huggingface_hub`` accepts one."""
 
 
 @dataclass(frozen=True)
@@ -100,14 +104,20 @@ def resolve_model(model: Optional[str]) -> ModelSource:
         model: a GGUF file, a local Hugging Face folder, or None/"" for the packaged SmolLM2.
 
     Raises:
-        FileNotFoundError: the path does not exist, or the default model's package is missing.
+        FileNotFoundError: the path does not exist (the message says to download a reference that
+            looks like a hub id, ``owner/name``, first), or the default model's package is missing.
         ValueError: the path is a file that is not ``.gguf``.
     """
     if not model:
         model = default_model_path()
     path = os.path.abspath(os.path.expanduser(str(model)))
     if not os.path.exists(path):
-        raise FileNotFoundError(f"model {model!r} is neither a GGUF file nor a local model folder")
+        if _HUB_ID.fullmatch(str(model)):
+            raise FileNotFoundError(
+                f"model {model!r} is not a local file or folder; weir loads no model from the hub: download "
+                f"it first (hf download {model} --local-dir DIR) and set WEIR_MODEL=DIR")
+        raise FileNotFoundError(f"model {model!r}: no such file or folder (WEIR_MODEL: a .gguf file or a "
+                                "local Hugging Face model folder)")
     if os.path.isfile(path):
         if not path.endswith(".gguf"):
             raise ValueError(f"model file {model!r} is not a .gguf file")

@@ -320,6 +320,31 @@ def test_summary_values():
     assert "attributes:          1 of 2 extracted valid (1 cut by max_tokens)" in text
 
 
+def test_summary_sets_the_nearest_neighbour_vote_beside_the_majority_baseline():
+    pool = [Labelled("p1", "Green Tea Leaves", "", "Tea"), Labelled("p2", "Black Tea Bags", "", "Tea"),
+            Labelled("p3", "Neem Soap Bar", "", "Soap"), Labelled("p4", "Rose Soap Bar", "", "Soap")]
+    products = [Product("1", "Green Tea", "", "Tea", ""), Product("2", "Lemon Tea", "", "Soap", ""),
+                Product("3", "Neem Soap", "", "Soap", ""), Product("4", "Lime Soap", "", "Soap", "")]
+    catalog = Catalog("c.csv", products, ["Soap", "Tea"], pool=pool, spec=JobSpec())
+    # the model is right on 1 and 2 (its truth is Soap); 4 never classified: the vote leaves it out too
+    results = [result("classify", "succeeded", "1", "Tea"), result("classify", "succeeded", "2", "Soap"),
+               result("classify", "succeeded", "3", "Tea"), result("classify", "failed", "4")]
+    summary = summarize(catalog, results, wall_s=1.0)
+    # the vote: 1 -> Tea (right), 2 -> Tea (wrong), 3 -> Soap (right)
+    assert summary.neighbour_vote_accuracy == pytest.approx(2 / 3)
+    lines = summary.format().splitlines()
+    assert lines[5:7] == [
+        "category accuracy:   66.7 % over 3 products (majority baseline 66.7 %: Soap; nearest-neighbour vote, "
+        "no model: 66.7 %)",
+        "categories chosen:   the model scores each label after a prompt that shows the product's 4 nearest "
+        "labelled products of the same catalog (TF-IDF of name and brand) with their categories"]
+    zero_shot = dataclasses.replace(catalog, spec=dataclasses.replace(
+        JobSpec(), classify=dataclasses.replace(JobSpec().classify, method="zero_shot")))
+    assert summarize(zero_shot, results, wall_s=1.0).format().splitlines()[6] == (
+        'categories chosen:   the model scores each label, with its commonest sub-labels, calibrated against "N/A"; '
+        "no examples")
+
+
 def test_summary_counts_cancelled_jobs():
     catalog = Catalog("c.csv", [Product("1", "a", "b", "Tea", "")], ["Tea"])
     summary = summarize(catalog, [result("classify", "cancelled", "1"), result("generate", "succeeded", "1", text="A.")],

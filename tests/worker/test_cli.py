@@ -3,9 +3,12 @@
 import csv
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 from sqlalchemy import make_url
@@ -27,6 +30,19 @@ def test_worker_without_broker_exits_with_a_clear_message():
     done = weir("worker")
     assert done.returncode == 2
     assert "WEIR_BROKER_URL is not set" in done.stderr
+
+
+def test_commands_that_need_a_broker_say_so_in_one_line_without_one(tmp_path):
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    said = {command: weir(*command.split(), env_overrides=env) for command in ("worker", "sweep", "health worker")}
+    assert {command: (done.returncode, done.stdout, done.stderr) for command, done in said.items()} == {
+        "worker": (2, "", "weir worker: WEIR_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0). A worker serves "
+                          "a shared broker; to run a catalog without one, use `weir enrich`, which starts an "
+                          "in-process worker.\n"),
+        "sweep": (2, "", "weir sweep: WEIR_BROKER_URL is not set (e.g. redis://127.0.0.1:6379/0); without a broker "
+                         "no message waits to be swept: weir enrich and the client run their jobs in-process\n"),
+        "health worker": (2, "", "weir health worker: WEIR_BROKER_URL is not set\n"),
+    }
 
 
 def test_worker_refuses_an_unmigrated_database(redis_url):
@@ -121,6 +137,47 @@ def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
         2, "weir results: no batch with id 00000000-0000-0000-0000-000000000000\n")
 
 
+def test_batches_lists_the_most_recent_batches_with_status_and_counts(tmp_path):
+    import datetime
+
+    from sqlalchemy import update
+
+    from weir.jobs import store
+    from weir.jobs.db import Batch, JobStatus, make_engine, make_session_factory
+    from weir.jobs.schemas import GenerateRequest
+    from weir.jobs.store import JobResult
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
+    migrations.upgrade(url)
+    assert (weir("batches", env_overrides=env).stdout) == f"no batches in {url}\n"
+    engine = make_engine(url)
+    session_factory = make_session_factory(engine)
+    with session_factory.begin() as session:
+        done, [job, _] = store.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
+                                            model="tiny")
+        cancelled, _ = store.create_batch(session, [GenerateRequest(prompt="p")] * 3, model="SmolLM2-135M-Instruct")
+        for batch, minute in ((done, 1), (cancelled, 2)):
+            session.execute(update(Batch).where(Batch.id == batch.id)
+                            .values(created_at=datetime.datetime(2026, 5, 1, 12, minute, 30)))
+    with session_factory.begin() as session:
+        job = store.claim_job(session, job.id)
+    with session_factory.begin() as session:
+        store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop"))
+        store.cancel_batch(session, cancelled.id)
+    engine.dispose()
+    listed = weir("batches", env_overrides=env)
+    assert (listed.returncode, listed.stderr) == (0, "")
+    assert listed.stdout.splitlines() == [
+        "batch                                 status       jobs  succeeded  failed  cancelled  created (UTC)        model",
+        f"{cancelled.id}  cancelled       3          0       0          3  2026-05-01 12:02:30  SmolLM2-135M-Instruct",
+        f"{done.id}  in_progress     2          1       0          0  2026-05-01 12:01:30  tiny"]
+    assert weir("batches", "--limit", "1", env_overrides=env).stdout.splitlines()[1:] == [
+        f"{cancelled.id}  cancelled     3          0       0          3  2026-05-01 12:02:30  SmolLM2-135M-Instruct"]
+    refused = weir("batches", "--limit", "0", env_overrides=env)
+    assert (refused.returncode, refused.stderr) == (2, "weir batches: --limit must be >= 1, got 0\n")
+
+
 def test_an_id_that_is_not_a_uuid_is_one_line_naming_it(tmp_path):
     env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
     said = {}
@@ -210,8 +267,27 @@ def test_enrich_missing_column(tmp_path):
     done = weir("enrich", str(path), env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
     assert done.returncode == 2
     assert done.stderr == (
-        f"weir enrich: {path}: no column 'category'; header is ['index', 'product']; name the catalog's "
-        "columns in a job spec (--spec FILE, layout in jobs/spec.py)\n")
+        f"weir enrich: {path}: no column 'category'; header is ['index', 'product']; name the columns with "
+        "--category-col or in a job spec (--spec FILE, layout in jobs/spec.py)\n")
+
+
+def test_enrich_wrong_columns_name_the_flags_and_the_shipped_spec_the_header_fits(tmp_path):
+    env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
+    other = tmp_path / "other.csv"
+    other.write_text("sku,title,category\n1,Tea,Drinks\n")
+    done = weir("enrich", str(other), env_overrides=env)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        f"weir enrich: {other}: no column 'index', 'product'; header is ['sku', 'title', 'category']; name the "
+        "columns with --id-col, --product-col or in a job spec (--spec FILE, layout in jobs/spec.py)\n"))
+    flipkart = tmp_path / "flipkart.csv"  # the header of ../shared/data/flipkart_products.csv, shortened
+    flipkart.write_text("uniq_id,product_name,product_category_tree,description,brand\n"
+                        '1,Tea,"[""Drinks >> Tea""]",Green.,Leafy\n')
+    done = weir("enrich", str(flipkart), env_overrides=env)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        f"weir enrich: {flipkart}: no column 'index', 'product', 'category'; header is ['uniq_id', 'product_name', "
+        "'product_category_tree', 'description', 'brand']; the header fits the shipped spec flipkart (--spec "
+        "flipkart); or name the columns with --id-col, --product-col, --category-col or in a job spec (--spec "
+        "FILE, layout in jobs/spec.py)\n"))
 
 
 def test_enrich_refuses_a_catalog_that_is_not_utf_8_unless_its_encoding_is_given(tmp_path):
@@ -280,6 +356,7 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     # the default spec and an [extract] schema: a third job per product
     spec = tmp_path / "shop.toml"
     spec.write_text('[extract.fields]\nunit = { enum = ["g", "kg"] }\n[extract.sampling]\nmax_tokens = 24\n')
+    started_s = time.monotonic()
     done = weir(
         "enrich", str(catalog), "--limit", "2", "--spec", str(spec),
         cwd=str(tmp_path),
@@ -287,8 +364,14 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
                        "WEIR_CPU_KV_CACHE_BYTES": str(8 << 20)},
         timeout_s=300,
     )
+    real_s = time.monotonic() - started_s
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "no WEIR_BROKER_URL, running an in-process worker" in done.stderr
+    assert done.stderr.splitlines()[:2] == [
+        "weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in sqlite:///weir.db",
+        f"weir enrich: loading model {os.path.basename(tiny_model_dir)} ({tiny_model_dir})"]
+    # the whole command: starting Python, loading the model, the batch, the summary
+    wall_s = float(re.search(r"^wall time: +([0-9.]+) s \(the batch [0-9.]+ s\)$", done.stdout, re.M).group(1))
+    assert real_s - 2.0 <= wall_s <= real_s
     assert "jobs:                6 succeeded, 0 failed" in done.stdout
     assert "category accuracy:" in done.stdout and "over 2 products" in done.stdout
     with sqlite3.connect(tmp_path / "weir.db") as db:
@@ -318,6 +401,69 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     assert (again.returncode, again.stdout) == (0, "weir enrich: nothing to enrich: all 2 products are unchanged "
                                                    "since their last enrichment (same content, job spec and model); "
                                                    "--full redoes them\n")
+
+
+def _write_catalog(path, num_products):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        rows = csv.writer(f)
+        rows.writerow(["index", "product", "category", "brand", "description"])
+        for i in range(1, num_products + 1):
+            rows.writerow([str(i), f"Product {i}", ["Beverages", "Snacks"][i % 2], "Brand", ""])
+
+
+@pytest.mark.integration
+def test_ctrl_c_in_the_embedded_run_cancels_the_unfinished_jobs_and_says_how_to_resume(tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    catalog = tmp_path / "catalog.csv"
+    num_products = 200  # far more than the run gets through before the interrupt
+    _write_catalog(catalog, num_products)
+    spec = tmp_path / "slow.toml"  # descriptions of 64 tokens each, no stop string
+    spec.write_text("[describe.sampling]\nmax_tokens = 64\nstop = []\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""), WEIR_MODEL=tiny_model_dir,
+               WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS="2", WEIR_CPU_KV_CACHE_BYTES=str(8 << 20))
+    database = tmp_path / "weir.db"
+    # its own process group: the SIGINT goes to every process of the run, as Ctrl-C in a terminal does
+    proc = subprocess.Popen([sys.executable, "-m", "weir", "enrich", str(catalog), "--spec", str(spec)],
+                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        num_succeeded = 0
+        while num_succeeded < 4 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            if database.exists():
+                with sqlite3.connect(database, timeout=10) as db:
+                    try:
+                        num_succeeded = db.execute("SELECT count(*) FROM jobs WHERE status = 'succeeded'").fetchone()[0]
+                    except sqlite3.OperationalError:  # not migrated yet
+                        pass
+        assert proc.poll() is None and num_succeeded >= 4, "the run ended, or ran no job, before the interrupt"
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, stderr[-3000:]
+    with sqlite3.connect(database) as db:
+        (batch_id, status, num_jobs, succeeded, failed, cancelled), = db.execute(
+            "SELECT id, status, num_jobs, num_succeeded, num_failed, num_cancelled FROM batches").fetchall()
+        jobs = dict(db.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall())
+        num_enriched = db.execute("SELECT count(*) FROM product_enrichment WHERE category IS NOT NULL "
+                                  "AND description IS NOT NULL").fetchone()[0]
+    # nothing is left queued or running: nothing would ever run it
+    assert (status, num_jobs, failed) == ("cancelled", 2 * num_products, 0)
+    assert jobs == {"succeeded": succeeded, "cancelled": cancelled} and succeeded + cancelled == num_jobs
+    assert 0 < succeeded < num_jobs and num_enriched < num_products
+    batch = str(uuid.UUID(batch_id))
+    assert "Traceback" not in stderr and stdout == ""
+    assert stderr.splitlines()[-2:] == [
+        f"weir enrich: interrupted; cancelling batch {batch}'s unfinished jobs and stopping the in-process worker",
+        f"weir enrich: batch {batch} cancelled: {succeeded} of {num_jobs} jobs succeeded, {cancelled} cancelled; "
+        f"{num_products - num_enriched} products are left: the same command without --full enriches only those"]
 
 
 def test_sweep_and_cancel_commands(redis_url, postgres_url):

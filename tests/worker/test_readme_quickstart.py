@@ -115,3 +115,19 @@ def test_redis_and_postgres_section_runs_as_written_on_a_fresh_database(
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.mark.integration
+def test_the_producer_example_runs_as_written_with_no_server_and_files_the_soap_right(tmp_path):
+    # no WEIR_* variable: the packaged SmolLM2 on an in-process worker, results in ./weir.db
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", readme_block("Producing jobs", "python")], env=env,
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stderr) == (0, (
+        "no WEIR_BROKER_URL: running the jobs on an in-process worker (loading model SmolLM2-135M-Instruct); "
+        "results in sqlite:///weir.db\n")), done.stderr[-4000:]
+    status, tea, soap = done.stdout.splitlines()
+    assert (status, tea.split()[:3], soap) == (
+        "completed 2/2 succeeded", ["tea", "succeeded", "Green"], "soap succeeded Beauty & Hygiene")
+    assert (tmp_path / "weir.db").exists()
