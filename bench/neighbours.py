@@ -12,7 +12,9 @@ setting of the engine's intra-op threads:
 - ``default``: torch's defaults (one intra-op thread per CPU; OpenMP's default wait policy, under
   which a thread that reaches a barrier first spins for a while before it sleeps);
 - ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (a waiting thread sleeps at once, giving its CPU back);
-- ``1 thread``: ``OMP_NUM_THREADS=1``.
+- ``1 thread``: ``OMP_NUM_THREADS=1``;
+- any ``NAME=VALUE`` given in ``--settings``: that environment variable (e.g. ``GOMP_SPINCOUNT=10000``:
+  how long GNU OpenMP's waiting threads spin before they sleep; its default is 300,000 spins).
 
 A fair share of the host is the engine's quiet speed times ``cores / (cores + neighbours)``: half
 of it for 2 cores and 2 neighbours (the engine's own busy threads count as one process). Printed
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     reference = None
     for i in range(args.repeat):
         for name in args.settings.split(","):
-            env = {**base, **SETTINGS[name]}
+            env = {**base, **(SETTINGS[name] if name in SETTINGS else dict([name.split("=", 1)]))}
             for busy in (False, True):
                 neighbours = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(args.neighbours if busy else 0)]
                 try:
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
                 reference = reference or r["texts"]
                 r["same"] = r["texts"] == reference
                 results.setdefault((name, busy), []).append(r)
-                print(f"run {i + 1} {name:9s} {'busy' if busy else 'quiet':5s} {r['tokens']:5d} tokens in "
+                print(f"run {i + 1} {name:20s} {'busy' if busy else 'quiet':5s} {r['tokens']:5d} tokens in "
                       f"{r['elapsed_s']:6.2f} s: {r['tok_s']:7.1f} tok/s", flush=True)
     cores = os.cpu_count() or 1
     share = cores / (cores + args.neighbours)
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
           f"medians of {args.repeat} runs")
     for name in args.settings.split(","):
         quiet, busy = median[(name, False)], median[(name, True)]
-        line = f"{name:9s} quiet {quiet:7.1f}  busy {busy:7.1f} tok/s  busy/quiet {busy / quiet:.2f}"
+        line = f"{name:20s} quiet {quiet:7.1f}  busy {busy:7.1f} tok/s  busy/quiet {busy / quiet:.2f}"
         if fair:
             line += f"  busy/fair share {busy / fair:.2f} (target >= 0.8)"
         same = all(r["same"] for key, rs in results.items() if key[0] == name for r in rs)
@@ -76,7 +78,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--neighbours", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--settings", default=",".join(SETTINGS),
+                    help="comma-separated: default, passive, 1 thread, or NAME=VALUE environment settings")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--max-num-seqs", type=int, default=32)

@@ -141,7 +141,7 @@ class WorkerRuntime:
         from weir.engine import LLM, EngineFront
         from weir.engine.core_client import EngineCoreClient
         from weir.worker.metrics import attach
-        from weir.worker.placement import bind_process, plan
+        from weir.worker.placement import bind_process, limit_omp_spinning, plan
 
         settings = self.settings.worker
         if settings.metrics_port:
@@ -151,13 +151,14 @@ class WorkerRuntime:
         try:
             if settings.engine_multiprocessing:
                 placement = plan(settings.cpu_omp_threads_bind, settings.cpu_num_of_reserved_cpu)
+                spincount = limit_omp_spinning()
                 self.front = EngineCoreClient(self.settings.engine_args(), collect_stats=bool(settings.metrics_port),
                                               num_threads=placement.engine_threads,
                                               cpu_affinity=placement.engine_cpus,
                                               iteration_timeout_s=settings.engine_iteration_timeout_s)
                 if placement.job_cpus is not None:
                     bind_process(placement.job_cpus)
-                logger.info("threads: %s", placement.describe())
+                logger.info("threads: %s, GOMP_SPINCOUNT %s", placement.describe(), spincount or "OpenMP's")
             else:
                 self.llm = LLM(**self.settings.engine_args())
                 self.front = EngineFront(self.llm)

@@ -63,3 +63,14 @@ def test_the_engine_core_process_runs_on_its_cpus_with_its_threads(tmp_path):
         assert os.sched_getaffinity(client.process.pid) == {cpu}
     finally:
         client.shutdown()
+
+
+def test_the_openmp_spin_is_limited_unless_the_environment_chooses():
+    from weir.worker.placement import limit_omp_spinning
+
+    environ = {}
+    assert limit_omp_spinning(environ) == "10000" and environ == {"GOMP_SPINCOUNT": "10000"}
+    environ = {"GOMP_SPINCOUNT": "500"}
+    assert limit_omp_spinning(environ) == "500" and environ == {"GOMP_SPINCOUNT": "500"}
+    environ = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert limit_omp_spinning(environ) is None and environ == {"OMP_WAIT_POLICY": "ACTIVE"}

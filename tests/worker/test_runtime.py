@@ -27,6 +27,12 @@ def runtime(slow_model_dir, tmp_path_factory):
     runtime.shutdown(drain=False)
 
 
+def test_the_engine_core_process_waits_for_openmp_work_with_a_short_spin(runtime):
+    with open(f"/proc/{runtime.front.process.pid}/environ", "rb") as f:
+        environ = f.read().split(b"\0")
+    assert b"GOMP_SPINCOUNT=10000" in environ
+
+
 def long_job(max_tokens=480):
     request = GenerateRequest(prompt="A long story", temperature=0, max_tokens=max_tokens)
     return Job(id=uuid.uuid4(), kind=JobKind.GENERATE, request=request.model_dump(mode="json", exclude_none=True))
