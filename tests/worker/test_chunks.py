@@ -203,8 +203,11 @@ def test_sigterm_past_the_grace_period_mid_chunk_puts_the_chunk_back_and_a_resta
 
 def test_a_poison_job_inside_a_chunk_fails_alone_and_the_others_succeed(start_worker, client, hooked):
     env, runs = hooked
+    # leases shorter than the visibility timeout: when the chunk comes back, the dead worker's
+    # leases have expired, so each job published alone is claimed at once, one at a time (a job
+    # still held would wait as an ETA retry, which runs beside others whatever WEIR_CONCURRENCY says)
     settings = dict(env, **FAST_REDELIVERY, WEIR_TEST_CRASH_MARKER="CRASH-ME", WEIR_MAX_ATTEMPTS="2",
-                    WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1")
+                    WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1", WEIR_LEASE_S="3", WEIR_CANCEL_POLL_INTERVAL_S="0.5")
     num_jobs = 8
     batch_id = bulk(client, num_jobs, max_tokens=2, prompt=lambda i: "CRASH-ME" if i == 3 else f"Item {i}")
     worker = start_worker(**settings)
