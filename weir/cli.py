@@ -98,6 +98,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     controller = make_worker(
         app, settings, hostname=f"weir-{os.getpid()}@{os.uname().nodename}", loglevel=args.loglevel
     )
+    from weir.engine.core import freeze_gc_heap
+
+    # the engine has started (worker_init): this process's start-up objects (Celery, torch, the
+    # tokenizer) live as long as it does; not done for the embedded worker, in a caller's process
+    freeze_gc_heap()
     beat = None
     if args.beat:
         # Beat in a thread of this process, not Celery's forked child: a worker killed with

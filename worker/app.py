@@ -330,9 +330,6 @@ def start_engine(sender=None, **kwargs) -> None:
         logger.exception("cannot start the engine")
         # Celery logs and swallows exceptions from signal handlers; SystemExit gets through.
         raise SystemExit(f"weir worker: cannot start the engine: {type(exc).__name__}: {exc}") from exc
-    from weir.engine.core import freeze_gc_heap
-
-    freeze_gc_heap()  # the worker's start-up objects (Celery, torch, the tokenizer) live as long as it
 
 
 @signals.worker_shutting_down.connect
