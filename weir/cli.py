@@ -286,6 +286,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     except EmbeddedRunInterrupted as interrupted:
         _report_interrupted_run(settings, catalog, interrupted.batch_id)
         return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before the batch was stored: an interrupted enqueue deletes what it stored
+        print("weir enrich: interrupted before its batch was stored; nothing was enqueued", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return finish(outcome)
 
 

@@ -466,6 +466,38 @@ def test_ctrl_c_in_the_embedded_run_cancels_the_unfinished_jobs_and_says_how_to_
         f"{num_products - num_enriched} products are left: the same command without --full enriches only those"]
 
 
+def test_ctrl_c_while_the_embedded_run_loads_its_model_says_nothing_was_enqueued(tiny_model_dir, tmp_path):
+    import signal
+
+    catalog = tmp_path / "catalog.csv"
+    _write_catalog(catalog, 20)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""), WEIR_MODEL=tiny_model_dir,
+               WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS="2", WEIR_CPU_KV_CACHE_BYTES=str(8 << 20))
+    proc = subprocess.Popen([sys.executable, "-m", "weir", "enrich", str(catalog)], cwd=str(tmp_path), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        lines = []
+        while proc.poll() is None and not (lines and lines[-1].startswith("weir enrich: loading model")):
+            lines.append(proc.stderr.readline().rstrip("\n"))
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: every process of the run
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and stdout == ""
+    assert stderr.splitlines()[-1:] == ["weir enrich: interrupted before its batch was stored; nothing was enqueued"]
+    database = tmp_path / "weir.db"
+    if database.exists():
+        with sqlite3.connect(database) as db:
+            try:
+                assert db.execute("SELECT count(*) FROM batches").fetchone()[0] == 0
+            except sqlite3.OperationalError:  # not migrated yet
+                pass
+
+
 def test_sweep_and_cancel_commands(redis_url, postgres_url):
     env = {"WEIR_BROKER_URL": redis_url, "WEIR_DATABASE_URL": postgres_url, "WEIR_MODEL": "/nonexistent/no-such-model"}
     done = weir("sweep", "--older-than-s", "60", env_overrides=env)
