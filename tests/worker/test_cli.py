@@ -412,6 +412,16 @@ def _write_catalog(path, num_products):
 
 
 @pytest.mark.integration
+def _start_embedded_enrich(model_dir, cwd, *args) -> subprocess.Popen:
+    """``weir enrich ARGS`` with no broker on the tiny model, in ``cwd``, in a process group of its
+    own, so that a SIGINT to the group reaches every process of the run, as Ctrl-C in a terminal does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""), WEIR_MODEL=model_dir,
+               WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS="2", WEIR_CPU_KV_CACHE_BYTES=str(8 << 20))
+    return subprocess.Popen([sys.executable, "-m", "weir", "enrich", *args], cwd=str(cwd), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
 def test_ctrl_c_in_the_embedded_run_cancels_the_unfinished_jobs_and_says_how_to_resume(tiny_model_dir, tmp_path):
     import signal
     import time
@@ -421,14 +431,8 @@ def test_ctrl_c_in_the_embedded_run_cancels_the_unfinished_jobs_and_says_how_to_
     _write_catalog(catalog, num_products)
     spec = tmp_path / "slow.toml"  # descriptions of 64 tokens each, no stop string
     spec.write_text("[describe.sampling]\nmax_tokens = 64\nstop = []\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
-    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""), WEIR_MODEL=tiny_model_dir,
-               WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS="2", WEIR_CPU_KV_CACHE_BYTES=str(8 << 20))
     database = tmp_path / "weir.db"
-    # its own process group: the SIGINT goes to every process of the run, as Ctrl-C in a terminal does
-    proc = subprocess.Popen([sys.executable, "-m", "weir", "enrich", str(catalog), "--spec", str(spec)],
-                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _start_embedded_enrich(tiny_model_dir, tmp_path, str(catalog), "--spec", str(spec))
     try:
         deadline = time.monotonic() + 240
         num_succeeded = 0
@@ -471,11 +475,7 @@ def test_ctrl_c_while_the_embedded_run_loads_its_model_says_nothing_was_enqueued
 
     catalog = tmp_path / "catalog.csv"
     _write_catalog(catalog, 20)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
-    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""), WEIR_MODEL=tiny_model_dir,
-               WEIR_DEVICE="cpu", WEIR_MAX_NUM_SEQS="2", WEIR_CPU_KV_CACHE_BYTES=str(8 << 20))
-    proc = subprocess.Popen([sys.executable, "-m", "weir", "enrich", str(catalog)], cwd=str(tmp_path), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _start_embedded_enrich(tiny_model_dir, tmp_path, str(catalog))
     try:
         lines = []
         while proc.poll() is None and not (lines and lines[-1].startswith("weir enrich: loading model")):
