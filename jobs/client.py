@@ -531,24 +531,21 @@ class Client:
 
         num_published = 0
         try:
-            if num_jobs <= chunk_size:  # one chunk (a single job): no stamping thread to start
-                with JobPublisher(celery_app, queue, PUBLISH_RETRY_POLICY, message_priority,
-                                  jobs_per_message) as publisher:
-                    job_ids = stamp(0)
+            with contextlib.ExitStack() as stack:
+                publisher = stack.enter_context(JobPublisher(celery_app, queue, PUBLISH_RETRY_POLICY,
+                                                             message_priority, jobs_per_message))
+                # one chunk (a single job): no stamping thread to start
+                stamper = (stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="weir-stamp"))
+                           if num_jobs > chunk_size else None)
+                job_ids = stamp(0)
+                while job_ids:
+                    done = num_published + len(job_ids)
+                    next_ids = stamper.submit(stamp, done) if stamper is not None and done < num_jobs else None
                     publisher.publish(job_ids)
-                    num_published = len(job_ids)
-                return
-            with ThreadPoolExecutor(1, thread_name_prefix="weir-stamp") as stamper, \
-                    JobPublisher(celery_app, queue, PUBLISH_RETRY_POLICY, message_priority,
-                                 jobs_per_message) as publisher:
-                next_ids = stamper.submit(stamp, 0)
-                while job_ids := next_ids.result():
-                    if num_published + len(job_ids) < num_jobs:
-                        next_ids = stamper.submit(stamp, num_published + len(job_ids))
-                    publisher.publish(job_ids)
-                    num_published += len(job_ids)
-                    if num_published >= num_jobs:
+                    num_published = done
+                    if next_ids is None:
                         break
+                    job_ids = next_ids.result()
         except Exception as exc:
             try:
                 for first_index in range(num_published, num_jobs, chunk_size):
