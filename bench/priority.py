@@ -77,13 +77,8 @@ def probe_latencies(client, num: int, max_tokens: int, busy=None, stages: Option
 
 
 def run(args: argparse.Namespace) -> int:
-    import redis
-
-    from weir import migrations
-    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
-    from weir.jobs.client import Client
-    from weir.jobs.schemas import BULK_PRIORITY, GenerateRequest
-    from weir.jobs.testing import save_tiny_chat_model, temporary_postgres_database
+    from weir.jobs.schemas import BULK_PRIORITY
+    from weir.jobs.testing import save_tiny_chat_model
 
     workdir = tempfile.mkdtemp(prefix="weir-priority-")
     model_dir = save_tiny_chat_model(os.path.join(workdir, "tiny-chat-llama"))
@@ -98,6 +93,27 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"--modes: unknown mode(s) {', '.join(sorted(unknown))} (default, not-strict, fcfs)")
     modes = [m for m in modes if (m[0].strip().replace(" ", "-") or "default") in wanted]
+    runs = []
+    for _ in range(args.repeat):
+        runs.append(run_modes(args, modes, workdir, model_dir))
+    for rows in runs:
+        print_rows(args, rows)
+    if len(runs) > 1:
+        print_medians(runs)
+    return 0
+
+
+def run_modes(args: argparse.Namespace, modes: list, workdir: str, model_dir: str) -> list:
+    """One run of each worker mode: ``(phase, latencies, stages, bulk)`` rows, ``bulk`` being
+    ``(seconds with probes, still running after the last probe, seconds alone)`` or None (idle)."""
+    import redis
+
+    from weir import migrations
+    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+    from weir.jobs.client import Client
+    from weir.jobs.schemas import GenerateRequest
+    from weir.jobs.testing import temporary_postgres_database
+
     rows = []
     for label, overrides, phases in modes:
         queue = f"weir.priority-{uuid.uuid4().hex[:8]}"
@@ -140,9 +156,12 @@ def run(args: argparse.Namespace) -> int:
                 worker.kill()
                 client.close()
                 delete_queue_keys(redis.Redis.from_url(args.redis_url), queue)
+    return rows
 
-    idle = {name[:-len("idle")]: (percentile(lat, 0.5), percentile(lat, 0.99))
-            for name, lat, _, _ in rows if name.endswith("idle")}
+
+def print_rows(args: argparse.Namespace, rows: list) -> None:
+    """One run's table: p50 and p99 per phase against the same worker's idle phase, the median
+    of each stage, and the bulk batch's time with probes against alone."""
     print(f"{args.bulk} bulk jobs, max_tokens {args.max_tokens}, WEIR_MAX_NUM_SEQS {args.max_num_seqs}, "
           f"WEIR_MAX_NUM_BATCHED_TOKENS {args.max_num_batched_tokens}, "
           f"{args.concurrency or args.max_num_seqs} task threads, {args.probes} probes per phase")
@@ -153,15 +172,37 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:27s} no probe finished while the bulk batch ran")
             continue
         p50, p99 = percentile(lat, 0.5), percentile(lat, 0.99)
-        idle_p50, idle_p99 = next(v for label, v in sorted(idle.items(), key=lambda kv: -len(kv[0]))
-                                  if name.startswith(label))  # the same worker's idle phase
+        idle_p50, idle_p99 = idle_of(rows, name)
         tail = "" if bulk is None else (f"batch took {bulk[0]:.1f} s, {bulk[0] / bulk[2]:.2f}x its {bulk[2]:.1f} s "
                                         "without probes; "
                                         f"{'still running after the last probe' if bulk[1] else 'ended before the last probe'}")
         claim, ran, close = (1e3 * statistics.median(s[k] for s in stages) for k in range(3))
         print(f"{name:27s} {len(lat):6d} {1e3 * p50:8.1f} {1e3 * p99:8.1f} {p50 / idle_p50:8.2f} {p99 / idle_p99:8.2f} "
               f"{claim:6.1f} {ran:6.1f} {close:6.1f}  {tail}")
-    return 0
+
+
+def idle_of(rows: list, name: str) -> tuple[float, float]:
+    """(p50, p99) of the idle phase of the worker that ran phase ``name``."""
+    idle = {n[:-len("idle")]: (percentile(lat, 0.5), percentile(lat, 0.99)) for n, lat, _, _ in rows if n.endswith("idle")}
+    return next(v for label, v in sorted(idle.items(), key=lambda kv: -len(kv[0])) if name.startswith(label))
+
+
+def print_medians(runs: list) -> None:
+    """Per bulk phase, over the runs: each run's p99 / idle p99 and bulk time with probes / alone,
+    and their medians."""
+    print(f"over {len(runs)} runs: {'phase':27s} {'p99/idle per run':>28s} {'median':>7s}  {'bulk with/alone per run':>28s} {'median':>7s}")
+    for name in [n for n, _, _, bulk in runs[0] if bulk is not None]:
+        ratios, slowdowns = [], []
+        for rows in runs:
+            row = next((r for r in rows if r[0] == name and r[1]), None)
+            if row is None:
+                continue
+            ratios.append(percentile(row[1], 0.99) / idle_of(rows, name)[1])
+            slowdowns.append(row[3][0] / row[3][2])
+        if not ratios:
+            continue
+        print(f"{'':13s}{name:27s} {', '.join(f'{r:.2f}' for r in ratios):>28s} {statistics.median(ratios):7.2f}  "
+              f"{', '.join(f'{r:.2f}' for r in slowdowns):>28s} {statistics.median(slowdowns):7.2f}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -175,6 +216,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--fcfs-baseline", action="store_true", help="also run the bulk batch at priority 0")
     ap.add_argument("--modes", default="default,not-strict,fcfs",
                     help="the workers to run, in this order: default (priority, strict), not-strict, fcfs")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of every mode; with more than one, medians follow")
     ap.add_argument("--redis-url", default=REDIS_URL)
     return run(ap.parse_args(argv))
 
