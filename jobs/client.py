@@ -582,7 +582,8 @@ class Client:
         """Publish again the jobs of this client's model whose message is missing (see
         :mod:`weir.jobs.sweeper`: never-published jobs, expired leases, and queued jobs the queue has
         moved past, whatever the backlog; a waiting backlog is never re-published). Batches left
-        ``validating`` for ``STALE_VALIDATING_S`` by a producer that died are deleted.
+        ``validating`` for ``STALE_VALIDATING_S`` by a producer that died are deleted. Then the
+        applications' periodic rules run (:func:`weir.jobs.sweeper.sweep_rules`).
 
         Args:
             older_than_s: the grace in seconds; default ``WEIR_SWEEP_AFTER_S`` (60 s).
@@ -614,7 +615,26 @@ class Client:
             # job runs at once instead of waiting behind the backlog it was lost from.
             self._publish_or_mark(celery_app, job_ids, batch_id=None, queue=names.control_queue(self.queue))
             logger.warning("sweep: published %d jobs again (no message for %gs)", len(job_ids), grace_s)
+        self._run_sweep_rules()
         return len(job_ids)
+
+    def _run_sweep_rules(self) -> None:
+        """Run the applications' periodic rules (:func:`weir.jobs.sweeper.sweep_rules`), each in
+        a transaction of its own; a rule that raises is logged and the others still run."""
+        from weir.jobs.sweeper import sweep_rules
+
+        for name, rule in sweep_rules().items():
+            def apply(rule=rule) -> int:
+                with self.session_factory.begin() as session:
+                    return rule(session, model=self.model, now=utcnow())
+
+            try:
+                num_changed = retry_on_conflict(apply)
+            except Exception:
+                logger.exception("sweep: rule %s failed", name)
+                continue
+            if num_changed:
+                logger.warning("sweep: rule %s changed %d", name, num_changed)
 
     def reconcile(self) -> list:
         """Recount every unfinished batch from its jobs and repair what differs (see

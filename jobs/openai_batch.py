@@ -54,8 +54,9 @@ file, a failed, cancelled or expired one's in the error file (never in the outpu
 :func:`error_file_path`), both written whole even when empty.
 
 Expiry: a batch not finished when its completion window has passed (``created_at +
-completion_window``) is expired by the next :func:`expire_if_due` (``weir batch status``,
-``cancel`` and ``results`` call it), as OpenAI does it: its unfinished jobs are cancelled, finished
+completion_window``) is expired by the next sweep (:func:`expire_due_batches`, the sweeper's rule
+registered by this package; ``weir batch status``, ``cancel`` and ``results`` also call
+:func:`expire_if_due` first), as OpenAI does it: its unfinished jobs are cancelled, finished
 ones keep their results, and it reads ``expired`` from then on; its cancelled requests appear in
 the error file with code ``batch_expired``.
 """
@@ -71,10 +72,11 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from weir.jobs import store
-from weir.jobs.db import BatchStatus, Job, JobStatus, utcnow
+from weir.jobs.db import Batch, BatchStatus, Job, JobStatus, utcnow
 from weir.jobs.schemas import MAX_CUSTOM_ID_CHARS, ClassifyRequest, GenerateRequest, JobRequest
 
 if TYPE_CHECKING:
@@ -456,6 +458,26 @@ def expire_if_due(session: Session, batch_id: uuid.UUID, now: Optional[datetime]
     batch.meta = {**batch.meta, META_KEY: {**fields, "expired_at": _unix(now)}}
     session.flush()
     return True
+
+
+def expire_due_batches(session: Session, *, model: str, now: datetime) -> int:
+    """The sweeper's rule (:class:`weir.jobs.sweeper.SweepRule`): expire every unfinished batch of
+    ``model`` submitted from a request file whose completion window has passed by ``now``
+    (:func:`expire_if_due`), so a batch stops running when its window ends whether or not anyone
+    asks for its status. Reads the unfinished batches of the model (a handful), not their jobs.
+
+    Returns:
+        How many batches this call expired.
+    """
+    rows = session.execute(select(Batch.id, Batch.meta).where(
+        Batch.model == model, Batch.status.in_((BatchStatus.QUEUED, BatchStatus.IN_PROGRESS)))).all()
+    num_expired = 0
+    for batch_id, metadata in rows:
+        if not isinstance(metadata, dict) or not isinstance(metadata.get(META_KEY), dict):
+            continue  # not from a request file
+        if expire_if_due(session, batch_id, now):  # it reads the window, and finishes once
+            num_expired += 1
+    return num_expired
 
 
 def openai_status(status: BatchStatus, metadata: dict[str, Any]) -> str:

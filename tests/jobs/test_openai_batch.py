@@ -340,3 +340,21 @@ def test_a_completion_window_of_zero_is_refused_as_not_positive():
             openai_batch.parse_completion_window(window)
         assert str(refused.value) == f"completion window {window!r} must be positive (24h, 90m, 3600s)"
     assert openai_batch.parse_completion_window("90m") == timedelta(minutes=90)
+
+
+def test_the_sweep_rule_expires_only_the_models_request_file_batches_past_their_window(session_factory):
+    due, _ = store_batch(session_factory, [line("a", chat())], window="1h")
+    later, _ = store_batch(session_factory, [line("a", chat())], window="3h")
+    with session_factory.begin() as session:
+        plain, _ = store.create_batch(session, [GenerateRequest(prompt="Hi")], model=MODEL)
+        other, _ = store.create_batch(session, [GenerateRequest(prompt="Hi")], model="other",
+                                      metadata=openai_batch.batch_metadata(CHAT_COMPLETIONS, "in.jsonl", "1h"))
+        plain, other = plain.id, other.id
+    created_at = status_of(session_factory, due).created_at
+    now = (created_at if created_at.tzinfo else created_at.replace(tzinfo=timezone.utc)) + timedelta(hours=2)
+    with session_factory.begin() as session:
+        assert openai_batch.expire_due_batches(session, model=MODEL, now=now) == 1
+    with session_factory.begin() as session:  # once
+        assert openai_batch.expire_due_batches(session, model=MODEL, now=now) == 0
+    assert [status_of(session_factory, b).status for b in (due, later, plain, other)] == [
+        BatchStatus.CANCELLED, BatchStatus.QUEUED, BatchStatus.QUEUED, BatchStatus.QUEUED]

@@ -203,3 +203,31 @@ def test_the_queue_position_is_the_furthest_a_sweep_saw_within_one_publish(redis
     control = names.control_queue(client.queue)
     assert client.sweep(older_than_s=0) == 3  # the head is now job 3, published with jobs 0-2
     assert sorted(message_job(m) for m in r.lrange(control, 0, -1)) == sorted(str(j) for j in jobs[:3])
+
+
+def test_every_sweep_runs_the_applications_rules_and_a_rule_that_raises_stops_no_other(
+        redis_client_and_queue, monkeypatch, caplog):
+    from weir.jobs import sweeper
+
+    client, _, _ = redis_client_and_queue
+    calls = []
+
+    def broken(session, *, model, now):
+        calls.append(("broken", model))
+        raise RuntimeError("no such table")
+
+    def counting(session, *, model, now):
+        calls.append(("counting", model))
+        return 2
+
+    monkeypatch.setattr(sweeper, "sweep_rules", lambda: {"broken": broken, "counting": counting})
+    assert client.sweep() == 0
+    assert calls == [("broken", client.model), ("counting", client.model)]
+    assert "sweep: rule broken failed" in caplog.text and "sweep: rule counting changed 2" in caplog.text
+
+
+def test_the_openai_batch_expiry_is_registered_as_a_sweep_rule():
+    from weir.jobs import openai_batch
+    from weir.jobs.sweeper import sweep_rules
+
+    assert sweep_rules()["openai_batch_expiry"] is openai_batch.expire_due_batches

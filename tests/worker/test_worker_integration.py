@@ -251,3 +251,44 @@ def test_an_interactive_job_runs_ahead_of_a_waiting_bulk_batch(start_worker, cli
     assert [j.batch_id for j in jobs].index(interactive.batch_id) <= 1
     assert sorted(j.request["priority"] for j in jobs) == [0] + [BULK_PRIORITY] * 6
     assert [j.attempts for j in jobs] == [1] * 7
+
+
+def test_an_openai_batch_past_its_completion_window_is_expired_by_a_sweep_while_workers_run(
+        start_worker, worker_env, slow_model_dir):
+    """Nobody asks for the batch's status: the sweep task (what beat sends every
+    ``WEIR_SWEEP_INTERVAL_S``) expires it on its own once its window has passed, and the workers
+    stop running its jobs."""
+    import json
+
+    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+    from weir.jobs import names, openai_batch
+    from weir.jobs.client import Client
+
+    client = Client(Settings(
+        engine=EngineSettings(model=slow_model_dir),
+        worker=WorkerSettings(broker_url=worker_env["WEIR_BROKER_URL"], queue=worker_env["WEIR_QUEUE"]),
+        database=DatabaseSettings(database_url=worker_env["WEIR_DATABASE_URL"])))
+    try:
+        start_worker(WEIR_MODEL=slow_model_dir, WEIR_MAX_NUM_SEQS="2", WEIR_CONCURRENCY="2")
+        num_requests, window_s = 16, 4
+        lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": openai_batch.CHAT_COMPLETIONS,
+                             "body": {"model": client.model, "max_tokens": 200, "temperature": 0,
+                                      "messages": [{"role": "user", "content": f"Question {i}"}]}})
+                 for i in range(num_requests)]  # ~1.2 s a request on the slow model, 2 at a time
+        parsed = openai_batch.parse_batch_file(lines, model=client.model)
+        batch_id = client.enqueue_batch(parsed.requests, metadata=openai_batch.batch_metadata(
+            parsed.endpoint, "in.jsonl", f"{window_s}s"))
+        created = time.monotonic()
+        wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 1, timeout_s=60, what="a first result")
+        time.sleep(max(0.0, created + window_s + 0.5 - time.monotonic()))
+        assert not client.batch_status(batch_id).status.is_finished  # the window passed mid-batch
+        client.celery_app.send_task(names.SWEEP, queue=names.control_queue(client.queue))
+        wait_until(lambda: client.batch_status(batch_id).status.is_finished, timeout_s=60, what="the batch's end")
+        batch = openai_batch.batch_object(client.batch_status(batch_id))
+        statuses = [job.status for job in client.jobs(batch_id)]
+    finally:
+        client.close()
+    assert batch["status"] == "expired" and batch["expired_at"] is not None
+    assert set(statuses) == {JobStatus.SUCCEEDED, JobStatus.CANCELLED}
+    assert batch["request_counts"] == {"total": num_requests, "completed": statuses.count(JobStatus.SUCCEEDED),
+                                       "failed": 0}
