@@ -18,7 +18,9 @@ joined). ``/v1/completions`` -> ``GenerateRequest`` with ``prompt`` = ``prompt``
 Both take ``max_tokens`` (or, chat only, ``max_completion_tokens``: give one), ``temperature``,
 ``top_p``, ``n``, ``stop``, ``seed``, ``presence_penalty``, ``frequency_penalty`` under their own
 names; chat's ``logprobs: true`` with ``top_logprobs: k`` is weir's ``logprobs = k`` (the sampled
-token plus the top ``k``), completions' ``logprobs: k`` is the same; ``response_format``
+token plus the top ``k``), completions' ``logprobs: k`` is the same, and the output lists the
+``k`` most likely tokens per position, the sampled one among them when it ranks within ``k``, as
+OpenAI does (:func:`top_entries`); ``response_format``
 (OpenAI's shapes) is weir's own field. vLLM's extra sampling names (``top_k``, ``min_p``,
 ``min_tokens``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ...) are taken too.
 
@@ -604,14 +606,15 @@ def response_body(job: Job, endpoint: str) -> dict[str, Any]:
                 "label": job.label, "label_probs": job.label_probs}
     completions = job.completions or [{"index": 0, "text": job.output_text or "",
                                        "finish_reason": job.finish_reason, "logprobs": None}]
+    num_top = (job.request or {}).get("logprobs") or 0  # chat's top_logprobs, completions' logprobs
     if endpoint == CHAT_COMPLETIONS:
         choices = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
                     "finish_reason": _FINISH_REASONS.get(c["finish_reason"], "stop"),
-                    "logprobs": _chat_logprobs(c.get("logprobs"))} for c in completions]
+                    "logprobs": _chat_logprobs(c.get("logprobs"), num_top)} for c in completions]
         return {"id": f"chatcmpl-{job.id.hex}", "object": "chat.completion", **common, "choices": choices}
     choices = [{"index": c["index"], "text": c["text"],
                 "finish_reason": _FINISH_REASONS.get(c["finish_reason"], "stop"),
-                "logprobs": _completion_logprobs(c.get("logprobs"))} for c in completions]
+                "logprobs": _completion_logprobs(c.get("logprobs"), num_top)} for c in completions]
     return {"id": f"cmpl-{job.id.hex}", "object": "text_completion", **common, "choices": choices}
 
 
@@ -619,19 +622,33 @@ def _token(entry: dict[str, Any]) -> str:
     return entry.get("decoded_token") or ""
 
 
-def _chat_logprobs(logprobs: Optional[list[list[dict[str, Any]]]]) -> Optional[dict[str, Any]]:
-    """weir's per-token entries (the sampled token, then the top ones) as chat's ``logprobs``."""
+def top_entries(entries: list[dict[str, Any]], num_top: int) -> list[dict[str, Any]]:
+    """The ``num_top`` most likely tokens of one position, most likely first, as OpenAI lists
+    them: the sampled token among them when it ranks within ``num_top``.
+
+    ``entries`` is one position as weir stores it (the sampled token, then the top ones it asked
+    for, each token once: a sampled token that ranks within them is not repeated).
+    """
+    sampled, *others = entries
+    ranked = others + ([sampled] if sampled["rank"] <= num_top else [])
+    return sorted(ranked, key=lambda e: e["rank"])[:num_top]
+
+
+def _chat_logprobs(logprobs: Optional[list[list[dict[str, Any]]]], num_top: int) -> Optional[dict[str, Any]]:
+    """weir's per-token entries (the sampled token, then the top ones) as chat's ``logprobs``,
+    ``num_top`` (the line's ``top_logprobs``) entries in each ``top_logprobs``."""
     if logprobs is None:
         return None
     return {"content": [
         {"token": _token(sampled), "logprob": sampled["logprob"], "bytes": list(_token(sampled).encode()),
          "top_logprobs": [{"token": _token(e), "logprob": e["logprob"], "bytes": list(_token(e).encode())}
-                          for e in top]}
+                          for e in top_entries([sampled, *top], num_top)]}
         for sampled, *top in logprobs]}
 
 
-def _completion_logprobs(logprobs: Optional[list[list[dict[str, Any]]]]) -> Optional[dict[str, Any]]:
-    """weir's per-token entries as the legacy completions' ``logprobs``."""
+def _completion_logprobs(logprobs: Optional[list[list[dict[str, Any]]]], num_top: int) -> Optional[dict[str, Any]]:
+    """weir's per-token entries as the legacy completions' ``logprobs`` (``num_top``: the line's
+    ``logprobs``, the entries of each ``top_logprobs``)."""
     if logprobs is None:
         return None
     tokens = [_token(sampled) for sampled, *_ in logprobs]
@@ -640,5 +657,5 @@ def _completion_logprobs(logprobs: Optional[list[list[dict[str, Any]]]]) -> Opti
         offsets.append(offset)
         offset += len(token)
     return {"tokens": tokens, "token_logprobs": [sampled["logprob"] for sampled, *_ in logprobs],
-            "top_logprobs": [{_token(e): e["logprob"] for e in top} for _, *top in logprobs],
+            "top_logprobs": [{_token(e): e["logprob"] for e in top_entries(entries, num_top)} for entries in logprobs],
             "text_offset": offsets}

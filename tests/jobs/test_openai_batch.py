@@ -58,8 +58,8 @@ def result_lines(session_factory, batch_id):
     return [openai_batch.result_line(job, batch) for job in jobs]
 
 
-def entry(token_id, logprob, token):
-    return {"token_id": token_id, "logprob": logprob, "rank": 1, "decoded_token": token}
+def entry(token_id, logprob, token, rank=1):
+    return {"token_id": token_id, "logprob": logprob, "rank": rank, "decoded_token": token}
 
 
 def test_chat_body_maps_onto_generate_request():
@@ -224,8 +224,9 @@ def test_chat_batch_round_trips_as_openai_types(session_factory):
                                                         line("r2", chat("Hello"))])
     completions = [{"index": 0, "text": "Tea.", "finish_reason": "stop", "stop_reason": None, "num_tokens": 2,
                     "cumulative_logprob": -0.5, "parsed": None,
-                    "logprobs": [[entry(5, -0.25, "Tea"), entry(6, -1.5, "Coffee")],
-                                 [entry(7, -0.25, "."), entry(7, -0.25, ".")]]}]
+                    # as stored: the sampled token, then the top one unless it is the sampled one
+                    "logprobs": [[entry(5, -0.25, "Tea", rank=1)],
+                                 [entry(7, -1.0, ".", rank=2), entry(8, -0.5, "!", rank=1)]]}]
     finish(session_factory, ok, JobResult(status=JobStatus.SUCCEEDED, output_text="Tea.", finish_reason="stop",
                                           completions=completions, num_prompt_tokens=9, num_completion_tokens=2,
                                           num_cached_tokens=4))
@@ -241,7 +242,7 @@ def test_chat_batch_round_trips_as_openai_types(session_factory):
             body.usage.prompt_tokens_details.cached_tokens) == (9, 2, 11, 4)
     tokens = body.choices[0].logprobs.content
     assert [(t.token, t.logprob, [(top.token, top.logprob) for top in t.top_logprobs]) for t in tokens] == [
-        ("Tea", -0.25, [("Coffee", -1.5)]), (".", -0.25, [(".", -0.25)])]
+        ("Tea", -0.25, [("Tea", -0.25)]), (".", -1.0, [("!", -0.5)])]
     assert err == {"id": f"batch_req_{bad.id.hex}", "custom_id": "r2", "response": None,
                    "error": {"code": "job_failed", "message": "engine failed"}}
     assert openai_batch.is_error(err) and not openai_batch.is_error(out)
@@ -358,3 +359,51 @@ def test_the_sweep_rule_expires_only_the_models_request_file_batches_past_their_
         assert openai_batch.expire_due_batches(session, model=MODEL, now=now) == 0
     assert [status_of(session_factory, b).status for b in (due, later, plain, other)] == [
         BatchStatus.CANCELLED, BatchStatus.QUEUED, BatchStatus.QUEUED, BatchStatus.QUEUED]
+
+
+@pytest.mark.parametrize("url", [CHAT_COMPLETIONS, COMPLETIONS])
+def test_top_logprobs_from_the_engine_hold_the_k_most_likely_tokens_the_sampled_one_among_them(
+        session_factory, tiny_model_dir, url):
+    """Real engine output (two greedy completions of 4 tokens, 2 top tokens asked), stored as the
+    worker stores it and read back with the ``openai`` types: every position lists exactly the 2
+    most likely tokens, most likely first, the sampled one among them when it ranks within 2."""
+    openai = pytest.importorskip("openai")
+    from weir.engine import LLM
+    from weir.worker.runtime import _completion
+
+    if url == CHAT_COMPLETIONS:
+        body = chat("Name a fruit.", logprobs=True, top_logprobs=2, n=2, temperature=0, max_tokens=4)
+    else:
+        body = {"model": MODEL, "prompt": "Name a fruit.", "logprobs": 2, "n": 2, "temperature": 0,
+                "max_tokens": 4}
+    batch_id, [job] = store_batch(session_factory, [line("r1", body, url=url)])
+    request = parse_batch_file([line("r1", body, url=url)], model=MODEL).requests[0]
+    llm = LLM(model=tiny_model_dir, max_model_len=256)
+    [output] = llm.generate([request.engine_prompt()], request.sampling_params())
+    completions = [_completion(c, wants_json=False) for c in output.outputs]
+    finish(session_factory, job, JobResult(status=JobStatus.SUCCEEDED, output_text=completions[0]["text"],
+                                           finish_reason="length", completions=completions, num_prompt_tokens=1,
+                                           num_completion_tokens=8))
+    [out] = result_lines(session_factory, batch_id)
+    stored = [position for c in completions for position in c["logprobs"]]
+    assert len(stored) == 8
+    if url == CHAT_COMPLETIONS:
+        body = openai.types.chat.ChatCompletion.model_validate(out["response"]["body"])
+        listed = [t for choice in body.choices for t in choice.logprobs.content]
+        assert [len(t.top_logprobs) for t in listed] == [2] * 8
+        for t, entries in zip(listed, stored):
+            sampled = entries[0]
+            assert [e.logprob for e in t.top_logprobs] == sorted((e.logprob for e in t.top_logprobs), reverse=True)
+            assert (t.logprob in [e.logprob for e in t.top_logprobs]) == (sampled["rank"] <= 2)
+            assert t.top_logprobs[0].logprob == max(e["logprob"] for e in entries)
+    else:
+        body = openai.types.Completion.model_validate(out["response"]["body"])
+        listed = [top for choice in body.choices for top in choice.logprobs.top_logprobs]
+        for top, entries in zip(listed, stored):
+            tokens = {e["decoded_token"] for e in top_entries_of(entries, 2)}
+            assert set(top) == tokens and len(tokens) <= 2  # keys are decoded strings: two ids may share one
+
+
+def top_entries_of(entries, k):
+    """The k most likely of a stored position, straight from its ranks."""
+    return sorted({e["token_id"]: e for e in entries}.values(), key=lambda e: e["rank"])[:k]
