@@ -319,19 +319,6 @@ def analyze_jobs(session: Session) -> bool:
     return True
 
 
-def delete_jobs(session: Session, batch_id: uuid.UUID, *, below_index: int) -> int:
-    """Delete the batch's jobs of batch index below ``below_index`` (not committed); returns how many.
-
-    A large batch is deleted page by page, each page its own short transaction, ahead of
-    :func:`delete_batch` (which would otherwise cascade to every job in one statement).
-    """
-    result = session.execute(
-        delete(Job).where(Job.batch_id == batch_id, Job.batch_index < below_index)
-        .execution_options(synchronize_session=False)
-    )
-    return result.rowcount
-
-
 def delete_batch(session: Session, batch_id: uuid.UUID) -> None:
     """Delete a batch and (by ``ON DELETE CASCADE``) its jobs (not committed); no such batch is a no-op."""
     session.execute(delete(Batch).where(Batch.id == batch_id).execution_options(synchronize_session=False))

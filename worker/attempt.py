@@ -31,7 +31,7 @@ from celery.utils.time import get_exponential_backoff_interval
 from weir.jobs import store
 from weir.jobs.db import Job, utcnow
 from weir.jobs.store import ClaimStatus, JobResult
-from weir.worker.group_commit import MAX_DB_BACKOFF_S, DatabaseUnavailable, is_transient
+from weir.worker.group_commit import MAX_DB_BACKOFF_S, DatabaseUnavailable, first_line, is_transient
 from weir.worker.runtime import EngineFailed, EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
 
 logger = logging.getLogger(__name__)
@@ -199,13 +199,8 @@ def _store(writer: Any, job: Job, result: JobResult) -> Optional[JobResult]:
         raise
     except Exception as exc:
         logger.exception("job %s: the database refused its result", job.id)
-        failure = JobResult.failure(f"result not stored: {type(exc).__name__}: {_first_line(exc)}")
+        failure = JobResult.failure(f"result not stored: {type(exc).__name__}: {first_line(exc)}")
         return failure if writer.finish(job, failure) else None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else ""
 
 
 def dead_letter(runtime: Any, *, body: Any, reason: str, queue: Optional[str], task: Optional[str],

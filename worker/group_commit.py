@@ -262,7 +262,7 @@ class GroupCommitter:
                         group[0].future.set_exception(exc)
                     else:
                         logger.warning("a group of %d writes failed (%s); writing them one by one",
-                                       len(group), _first_line(exc))
+                                       len(group), first_line(exc))
                         for op in group:
                             self._run_group([op])
                     return
@@ -274,13 +274,13 @@ class GroupCommitter:
                     if now + delay_s > op.deadline or self.is_stopping():
                         op.future.set_exception(DatabaseUnavailable(
                             f"job {op.job_id}: {op.kind}: database unreachable for "
-                            f"{self.retry_timeout_s:g}s: {_first_line(exc)}"))
+                            f"{self.retry_timeout_s:g}s: {first_line(exc)}"))
                     else:
                         waiting.append(op)
                 group = waiting
                 if group:
                     logger.warning("transient database error, %d writes retried in %ds (try %d): %s",
-                                   len(group), delay_s, num_tries + 1, _first_line(exc))
+                                   len(group), delay_s, num_tries + 1, first_line(exc))
                     time.sleep(delay_s)
                 continue
             for op, answer in zip(group, answers):
@@ -335,6 +335,8 @@ class GroupCommitter:
         return answers
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of the exception's message (a database error's is its driver's summary, its
+    SQL and parameters following on other lines), or its type's name when it has none."""
     text = str(exc)
     return text.splitlines()[0] if text else type(exc).__name__
