@@ -148,3 +148,59 @@ def test_the_repository_root_on_sys_path_does_not_shadow_an_installed_kernels_di
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:2] in (["distribution", "True"], ["refused", "False"]), out.stdout
+
+
+APPLICATIONS = ("weir.jobs.openai_batch",)
+"""Packages that meet the core only through its seams (entry points: ``weir.commands``,
+``weir.sweep_rules``); the core imports none of them."""
+
+
+def _imported_names(path: str, package: str) -> set[str]:
+    """Every module name ``path`` imports (absolute, relative ones resolved against ``package``),
+    at any depth of the file (function-level imports count)."""
+    import ast
+
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def core_imports_of_applications() -> list[str]:
+    """``file: imported name`` for every core module that imports an application."""
+    found = []
+    for package, folder in _package_folders().items():
+        if package.startswith(APPLICATIONS):
+            continue
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            for imported in sorted(_imported_names(path, package)):
+                if any(imported == app or imported.startswith(app + ".") for app in APPLICATIONS):
+                    found.append(f"{os.path.relpath(path, REPO_ROOT)}: {imported}")
+    return found
+
+
+def test_the_core_imports_no_application():
+    assert core_imports_of_applications() == []
+
+
+def test_the_application_check_sees_an_import_of_one(tmp_path, monkeypatch):
+    # the check itself can fail: a core module that imports the application is named
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "client.py").write_text("def f():\n    from weir.jobs import openai_batch\n")
+    monkeypatch.setattr(sys.modules[__name__], "_package_folders", lambda: {"weir.jobs": str(folder)})
+    assert core_imports_of_applications() == [f"{os.path.relpath(folder / 'client.py', REPO_ROOT)}: weir.jobs.openai_batch"]
