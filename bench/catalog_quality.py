@@ -8,7 +8,7 @@ Usage::
         [--start 0] [--num-describe 200] [--show 10] [--flagged] [--json out.json]
 
 Classification alternatives (labels and ground truth: the spec's taxonomy level of the catalog's
-own column; exemplars come from the leave-one-out pool of the whole file, :mod:`weir.jobs.exemplars`):
+own column; exemplars come from the leave-one-out pool of the whole file, :mod:`weir.jobs.catalog.exemplars`):
 
 - ``zero_shot``: each label with its commonest sub-labels, calibrated against ``N/A`` (the job's
   form before exemplars).
@@ -25,10 +25,10 @@ followed by ``:key=value`` overrides, after any ``+NAME`` (``spec:fp=0.3:min=4``
 presence_penalty, ``rp`` repetition_penalty, ``min`` min_tokens, ``max`` max_tokens, ``t``
 temperature, ``stop`` one of :data:`STOP_SETS`). ``CONFIG+NAME`` replaces the user turn with
 :data:`USER_PROMPTS` ``NAME``. Each reports the share of descriptions whose quality is ``ok``
-(:func:`weir.jobs.quality.description_quality`), the flags, mean tokens, time per product;
+(:func:`weir.jobs.catalog.quality.description_quality`), the flags, mean tokens, time per product;
 ``--flagged`` prints every flagged one. ``--retry`` does what the worker does with the spec's
 ``[describe.retry_sampling]``: each flagged description is written once more with those fields
-replaced and the first clean attempt kept (:func:`weir.jobs.quality.pick_description`); the clean
+replaced and the first clean attempt kept (:func:`weir.jobs.catalog.quality.pick_description`); the clean
 rate and tokens are then reported after the second attempt, its tokens included.
 
 Cost per product: wall seconds of the engine call over the products, and prompt tokens per product
@@ -44,10 +44,10 @@ import random
 import time
 from collections import Counter
 
-from weir.jobs.catalog import catalog_key, classify_request, describe_request, read_catalog
-from weir.jobs.exemplars import ExemplarIndex
-from weir.jobs.quality import OK, description_quality, pick_description
-from weir.jobs.spec import load_spec
+from weir.jobs.catalog.enrichment import catalog_key, classify_request, describe_request, read_catalog
+from weir.jobs.catalog.exemplars import ExemplarIndex
+from weir.jobs.catalog.quality import OK, description_quality, pick_description
+from weir.jobs.catalog.spec import load_spec
 
 KNN_K = 10
 

@@ -25,9 +25,9 @@ import json
 import os
 import time
 
-from weir.jobs.catalog import catalog_key, extract_request, read_catalog
-from weir.jobs.extraction import TRUTH_FIELDS, normalise, read_truth, values_match
-from weir.jobs.spec import load_spec
+from weir.jobs.catalog.enrichment import catalog_key, extract_request, read_catalog
+from weir.jobs.catalog.extraction import TRUTH_FIELDS, normalise, read_truth, values_match
+from weir.jobs.catalog.spec import load_spec
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 FILES = {"flipkart": "flipkart_products.csv", "bigbasket": "bigbasket_products.csv"}

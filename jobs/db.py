@@ -252,7 +252,7 @@ class ProductEnrichment(Base):
     category_confidence: Mapped[Optional[float]] = mapped_column(Float)
     description: Mapped[Optional[str]] = mapped_column(Text)
     quality: Mapped[Optional[str]] = mapped_column(String(32))
-    """The description's check (:func:`weir.jobs.quality.description_quality`): ``ok``, or its
+    """The description's check (:func:`weir.jobs.catalog.quality.description_quality`): ``ok``, or its
     flags; never publish a description whose quality is not ``ok`` unread."""
     category_fingerprint: Mapped[Optional[str]] = mapped_column(String(64))
     description_fingerprint: Mapped[Optional[str]] = mapped_column(String(64))

@@ -144,7 +144,7 @@ class Enrichment(BaseModel):
     an incremental run skips the products it has already enriched."""
     retry_sampling: Optional[dict[str, Any]] = None
     """A description job only: when its output is flagged
-    (:func:`weir.jobs.quality.description_quality` not ``ok``), the worker generates it once more
+    (:func:`weir.jobs.catalog.quality.description_quality` not ``ok``), the worker generates it once more
     with these sampling fields replaced and keeps the first clean attempt (else the first); the
     job's token counts include both attempts."""
 

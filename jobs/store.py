@@ -50,7 +50,7 @@ from weir.jobs.db import (
     ProductEnrichment,
     utcnow,
 )
-from weir.jobs.quality import description_quality
+from weir.jobs.catalog.quality import description_quality
 from weir.jobs.schemas import JobRequest, check_json
 
 NUL_REPLACEMENT = "\ufffd"
@@ -722,7 +722,7 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
 
     A classification job sets ``category`` and ``category_confidence`` (the label's probability);
     a generation job sets ``description`` and its ``quality``
-    (:func:`weir.jobs.quality.description_quality`), or, marked ``field="attributes"``, sets
+    (:func:`weir.jobs.catalog.quality.description_quality`), or, marked ``field="attributes"``, sets
     ``attributes`` to its parsed JSON (null when it did not finish). Fields the job does not produce
     are left as they are.
     A row is written only when the job's batch was created no earlier than the batch that last

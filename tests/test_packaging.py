@@ -65,7 +65,7 @@ def test_wheel_installs_only_weir(tmp_path):
                     expected.add("/".join([*name.split("."), *rel.split(os.sep)]))
     assert expected - set(names) == set()
     assert "weir/migrations/versions/20261130_0001_initial.py" in names
-    assert "weir/jobs/specs/flipkart.toml" in names  # the shipped job specs
+    assert "weir/jobs/catalog/specs/flipkart.toml" in names  # the shipped job specs
 
 
 def test_installed_distribution_exposes_only_weir():

@@ -143,7 +143,7 @@ def _plan(settings: Settings, catalog: Any, full: bool) -> Any:
     """The incremental run's plan (:func:`weir.jobs.catalog.plan_enrichment`), read before any
     worker or model starts."""
     from weir.jobs import names
-    from weir.jobs.catalog import plan_enrichment
+    from weir.jobs.catalog.enrichment import plan_enrichment
     from weir.jobs.db import engine_for, make_session_factory
 
     engine = engine_for(settings.database)
@@ -155,14 +155,14 @@ def _plan(settings: Settings, catalog: Any, full: bool) -> Any:
 
 
 COLUMN_FLAGS = {"id": "--id-col", "name": "--product-col", "category": "--category-col"}
-"""The ``weir enrich`` flag naming each role of :meth:`weir.jobs.spec.JobSpec.required_columns`
+"""The ``weir enrich`` flag naming each role of :meth:`weir.jobs.catalog.spec.JobSpec.required_columns`
 (the hint column has none: a job spec names it)."""
 
 
 def _missing_columns_hint(exc: Any, spec: Optional[str]) -> str:
     """What to do about a catalog lacking columns (:class:`weir.jobs.catalog.MissingColumns`): the
     shipped specs its header fits, the flags naming the missing columns, a job spec."""
-    from weir.jobs.spec import fitting_specs
+    from weir.jobs.catalog.spec import fitting_specs
 
     fits = [f"the header fits the shipped spec {name} (--spec {name})"
             for name in fitting_specs(exc.header) if name != spec]
@@ -176,9 +176,9 @@ def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
     import dataclasses
 
-    from weir.jobs.catalog import MissingColumns, enqueue_catalog, read_catalog, summarize
+    from weir.jobs.catalog.enrichment import MissingColumns, enqueue_catalog, read_catalog, summarize
     from weir.jobs.client import Client
-    from weir.jobs.spec import load_spec
+    from weir.jobs.catalog.spec import load_spec
     from weir.progress import progress_bar
 
     settings = get_settings()
@@ -537,10 +537,10 @@ def cmd_bench(argv: Sequence[str]) -> int:
 
 
 def _shipped_spec_names() -> list[str]:
-    """``weir.jobs.spec.shipped_specs()`` without importing ``weir.jobs`` (pydantic) for every command."""
+    """``weir.jobs.catalog.spec.shipped_specs()`` without importing ``weir.jobs`` (pydantic) for every command."""
     import importlib.util
 
-    specs_dir = os.path.join(importlib.util.find_spec("weir.jobs").submodule_search_locations[0], "specs")
+    specs_dir = os.path.join(importlib.util.find_spec("weir.jobs").submodule_search_locations[0], "catalog", "specs")
     return sorted(name[:-len(".toml")] for name in os.listdir(specs_dir) if name.endswith(".toml"))
 
 

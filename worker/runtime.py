@@ -23,7 +23,7 @@ from weir.jobs import store
 from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
 from weir.engine.sampling_params import SamplingParams
 from weir.jobs.model_info import too_long_for_output
-from weir.jobs.quality import OK, description_quality, pick_description
+from weir.jobs.catalog.quality import OK, description_quality, pick_description
 from weir.jobs.schemas import GenerateRequest, JobRequest, parse_request
 from weir.jobs.store import JobResult, parse_json_output
 from weir.config import Settings, get_settings

@@ -3,7 +3,7 @@
 ``run_job`` hands one delivery to :func:`weir.worker.attempt.run_attempt` (claim, run, store) and maps
 its outcome onto Celery: return (ack), ``Reject(requeue=True)`` (back to the queue) or
 ``retry`` (published again after a backoff). Logic lives in ``weir.worker.attempt``, ``weir.jobs.store``
-(database), ``weir.worker.runtime`` (engine) and ``weir.jobs.catalog`` (enrichment batches).
+(database), ``weir.worker.runtime`` (engine) and ``weir.jobs.catalog.enrichment`` (enrichment batches).
 """
 
 from __future__ import annotations
@@ -132,10 +132,10 @@ def enrich_catalog(catalog_path: str, slot: str | None = None, spec: str | None 
     ``WEIR_CATALOG_SCHEDULE`` time at or before the task's start (or ``slot``, an ISO time). The
     task runs on the control queue, so it starts within seconds of the beat, not behind a backlog.
     """
-    from weir.jobs.catalog import enqueue_catalog, plan_enrichment, read_catalog
+    from weir.jobs.catalog.enrichment import enqueue_catalog, plan_enrichment, read_catalog
     from weir.jobs.client import Client
     from weir.jobs.db import utcnow
-    from weir.jobs.spec import load_spec
+    from weir.jobs.catalog.spec import load_spec
     from weir.worker.beat import nightly_key, schedule_slot
 
     settings = get_settings()

@@ -1,7 +1,7 @@
 """Description quality: ``product_enrichment.quality`` beside the generated description.
 
 ``quality`` is ``ok`` for a description that ends its sentence and does not loop, else the flags
-that apply (``unfinished``, ``repetitive``, ``empty``); see ``weir.jobs.quality``. Rows written
+that apply (``unfinished``, ``repetitive``, ``empty``); see ``weir.jobs.catalog.quality``. Rows written
 before this revision keep a null quality (never checked).
 
 Revision ID: 20261202_0005

@@ -6,14 +6,14 @@ import pytest
 
 import dataclasses
 
-from weir.jobs.catalog import (
+from weir.jobs.catalog.enrichment import (
     Catalog, CatalogEncodingError, Product, catalog_requests, classify_header, exemplar_index, label_path, product_requests,
     read_catalog, read_taxonomy_file, summarize,
 )
-from weir.jobs.exemplars import ExemplarIndex, Labelled
+from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.model_info import PromptChecker
 from weir.jobs.schemas import Enrichment
-from weir.jobs.spec import DESCRIBE_SYSTEM_PROMPT, JobSpec, Taxonomy, load_spec
+from weir.jobs.catalog.spec import DESCRIBE_SYSTEM_PROMPT, JobSpec, Taxonomy, load_spec
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
 BIGBASKET = os.path.join(DATA, "bigbasket_products.csv")

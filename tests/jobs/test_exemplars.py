@@ -2,7 +2,7 @@
 
 import pytest
 
-from weir.jobs.exemplars import ExemplarIndex, Labelled, title_key
+from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled, title_key
 
 POOL = [
     Labelled("1", "Green Tea Bags", "Leafy", "Beverages"),

@@ -6,9 +6,9 @@ import os
 import jsonschema
 import pytest
 
-from weir.jobs.catalog import extract_request, read_catalog
-from weir.jobs.extraction import TRUTH_FIELDS, parse_specifications, read_truth, values_match
-from weir.jobs.spec import load_spec
+from weir.jobs.catalog.enrichment import extract_request, read_catalog
+from weir.jobs.catalog.extraction import TRUTH_FIELDS, parse_specifications, read_truth, values_match
+from weir.jobs.catalog.spec import load_spec
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
 
@@ -45,7 +45,7 @@ def test_example_and_schema_agree(name):
     """The worked examples every prompt shows validate against the shipped spec's schema, with
     their fields in the schema's order, and the scored fields are the schema's."""
     spec = load_spec(name)
-    from weir.jobs.catalog import Product
+    from weir.jobs.catalog.enrichment import Product
 
     request = extract_request(Product("1", "n", "b", "", "d"), spec, "c")
     for message in (request.prompt[2], request.prompt[4]):

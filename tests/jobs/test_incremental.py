@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 
 from weir.jobs import store
-from weir.jobs.catalog import Catalog, Product, catalog_requests, plan_enrichment, product_fingerprint
+from weir.jobs.catalog.enrichment import Catalog, Product, catalog_requests, plan_enrichment, product_fingerprint
 from weir.jobs.db import JobKind, JobStatus
-from weir.jobs.spec import JobSpec, load_spec
+from weir.jobs.catalog.spec import JobSpec, load_spec
 from weir.jobs.store import JobResult
 
 MODEL = "tiny"

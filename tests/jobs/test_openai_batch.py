@@ -2,6 +2,7 @@
 error lines and a Batch object that the ``openai`` package's own types accept."""
 
 import json
+import uuid
 from datetime import timedelta, timezone
 
 import pytest
@@ -32,11 +33,11 @@ def refusal(lines):
     return caught.value.errors
 
 
-def store_batch(session_factory, lines, window="24h"):
+def store_batch(session_factory, lines, window="24h", model=MODEL):
     parsed = parse_batch_file(lines, model=MODEL)
     metadata = openai_batch.batch_metadata(parsed.endpoint, "in.jsonl", window, {"team": "search"})
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, parsed.requests, model=MODEL, metadata=metadata)
+        batch, jobs = store.create_batch(session, parsed.requests, model=model, metadata=metadata)
     return batch.id, jobs
 
 
@@ -344,19 +345,20 @@ def test_a_completion_window_of_zero_is_refused_as_not_positive():
 
 
 def test_the_sweep_rule_expires_only_the_models_request_file_batches_past_their_window(session_factory):
-    due, _ = store_batch(session_factory, [line("a", chat())], window="1h")
-    later, _ = store_batch(session_factory, [line("a", chat())], window="3h")
+    model = f"expiry-{uuid.uuid4().hex[:8]}"  # the Postgres database is shared with other tests
+    due, _ = store_batch(session_factory, [line("a", chat())], window="1h", model=model)
+    later, _ = store_batch(session_factory, [line("a", chat())], window="3h", model=model)
     with session_factory.begin() as session:
-        plain, _ = store.create_batch(session, [GenerateRequest(prompt="Hi")], model=MODEL)
-        other, _ = store.create_batch(session, [GenerateRequest(prompt="Hi")], model="other",
+        plain, _ = store.create_batch(session, [GenerateRequest(prompt="Hi")], model=model)
+        other, _ = store.create_batch(session, [GenerateRequest(prompt="Hi")], model=f"other-{uuid.uuid4().hex[:8]}",
                                       metadata=openai_batch.batch_metadata(CHAT_COMPLETIONS, "in.jsonl", "1h"))
         plain, other = plain.id, other.id
     created_at = status_of(session_factory, due).created_at
     now = (created_at if created_at.tzinfo else created_at.replace(tzinfo=timezone.utc)) + timedelta(hours=2)
     with session_factory.begin() as session:
-        assert openai_batch.expire_due_batches(session, model=MODEL, now=now) == 1
+        assert openai_batch.expire_due_batches(session, model=model, now=now) == 1
     with session_factory.begin() as session:  # once
-        assert openai_batch.expire_due_batches(session, model=MODEL, now=now) == 0
+        assert openai_batch.expire_due_batches(session, model=model, now=now) == 0
     assert [status_of(session_factory, b).status for b in (due, later, plain, other)] == [
         BatchStatus.CANCELLED, BatchStatus.QUEUED, BatchStatus.QUEUED, BatchStatus.QUEUED]
 

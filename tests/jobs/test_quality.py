@@ -2,7 +2,7 @@
 
 import pytest
 
-from weir.jobs.quality import description_quality, repeated_ngram
+from weir.jobs.catalog.quality import description_quality, repeated_ngram
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -45,7 +45,7 @@ def test_repeated_ngram_counts_case_folded_words():
 
 
 def test_pick_description_keeps_the_first_clean_attempt_else_the_first():
-    from weir.jobs.quality import pick_description
+    from weir.jobs.catalog.quality import pick_description
 
     assert pick_description(["Green tea from Assam", "A fine green tea."]) == 1
     assert pick_description(["A fine green tea.", "Another fine tea."]) == 0

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from weir.jobs.spec import SPECS_DIR, JobSpec, SpecError, load_spec, parse_spec, shipped_specs
+from weir.jobs.catalog.spec import SPECS_DIR, JobSpec, SpecError, load_spec, parse_spec, shipped_specs
 
 
 def test_default_spec_reads_for_any_shop():

@@ -147,7 +147,7 @@ def test_parsed_is_set_only_for_json_asked_finished_and_parsing(runtime, asks, t
 def test_a_flagged_description_is_written_once_more_and_the_clean_attempt_kept(runtime, llm):
     """The tiny random model writes no sentence, so the first attempt is flagged: the retry
     sampling runs and, neither being clean, the first is kept, with both attempts' tokens counted."""
-    from weir.jobs.quality import OK, description_quality
+    from weir.jobs.catalog.quality import OK, description_quality
 
     fields = dict(prompt="Product: Green Tea\nBrand: Leafy", temperature=0.0, max_tokens=8)
     retry = {"repetition_penalty": 1.1, "frequency_penalty": 0.3}

@@ -162,7 +162,7 @@ class Describe:
     user_prompt: str = DESCRIBE_USER_PROMPT
     sampling: dict[str, Any] = field(default_factory=lambda: dict(DESCRIBE_SAMPLING))
     retry_sampling: dict[str, Any] = field(default_factory=lambda: dict(DESCRIBE_RETRY_SAMPLING))
-    """A flagged description (:func:`weir.jobs.quality.description_quality` not ``ok``) is written
+    """A flagged description (:func:`weir.jobs.catalog.quality.description_quality` not ``ok``) is written
     once more with these sampling fields replaced, and the first clean attempt is kept; empty: no
     second attempt."""
 

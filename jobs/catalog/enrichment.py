@@ -2,7 +2,7 @@
 job spec names ``[extract.fields]``, one attribute extraction job; and their summary.
 
 What a catalog looks like, and how it is prompted and decoded, comes from a job spec
-(:mod:`weir.jobs.spec`: columns, shop words, taxonomy, prompts, sampling). The catalog is a CSV
+(:mod:`weir.jobs.catalog.spec`: columns, shop words, taxonomy, prompts, sampling). The catalog is a CSV
 file read with the csv module, UTF-8 unless told otherwise; a byte that is not valid in its encoding
 is refused, naming the line, never replaced. Real dirt is kept as it is (mojibake already in the
 text, empty descriptions) except for surrounding whitespace, which is stripped from every field (363
@@ -25,11 +25,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from weir.jobs.exemplars import ExemplarIndex, Labelled
-from weir.jobs.extraction import extraction_messages
-from weir.jobs.quality import OK, description_quality
+from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
+from weir.jobs.catalog.extraction import extraction_messages
+from weir.jobs.catalog.quality import OK, description_quality
 from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, Enrichment, GenerateRequest, JobRequest
-from weir.jobs.spec import OPTIONAL_COLUMNS, JobSpec, Taxonomy
+from weir.jobs.catalog.spec import OPTIONAL_COLUMNS, JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
 
@@ -88,7 +88,7 @@ class Catalog:
     """Rows passed over before the last product kept, by reason (``no id ('index' empty)``,
     ``no name ('product' empty)``)."""
     absent_columns: dict[str, str] = dataclasses.field(default_factory=dict)
-    """The optional fields (:data:`weir.jobs.spec.OPTIONAL_COLUMNS`) whose column the spec names but
+    """The optional fields (:data:`weir.jobs.catalog.spec.OPTIONAL_COLUMNS`) whose column the spec names but
     the file lacks, each with that column's name (``{"brand": "brand"}``): their products hold ""."""
 
 
@@ -117,7 +117,7 @@ class MissingColumns(ValueError):
 
     Attributes:
         path: the catalog file.
-        missing: role (as :meth:`weir.jobs.spec.JobSpec.required_columns` names it) -> the column
+        missing: role (as :meth:`weir.jobs.catalog.spec.JobSpec.required_columns` names it) -> the column
             the spec expects.
         header: the file's header row.
     """
@@ -225,7 +225,7 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
 
     Args:
         path: CSV file with a header row.
-        spec: column names and taxonomy (:class:`weir.jobs.spec.JobSpec`).
+        spec: column names and taxonomy (:class:`weir.jobs.catalog.spec.JobSpec`).
         limit: keep only the first ``limit`` products (rows without an id or a name are skipped).
         encoding: the file's encoding, a Python codec name; UTF-8 (the default) skips a leading
             byte-order mark. Nothing is replaced: a byte the encoding cannot decode is an error.
@@ -233,7 +233,7 @@ def read_catalog(path: str, spec: JobSpec = JobSpec(), limit: Optional[int] = No
     Returns:
         The catalog; labels and the exemplar pool are taken from every row of the file.
 
-    The brand and description columns are optional (:data:`weir.jobs.spec.OPTIONAL_COLUMNS`): one
+    The brand and description columns are optional (:data:`weir.jobs.catalog.spec.OPTIONAL_COLUMNS`): one
     the file lacks, or that the spec names as ``""``, leaves that field "" in every product
     (:attr:`Catalog.absent_columns` lists the first kind), and prompts leave it out.
 
@@ -364,7 +364,7 @@ def describe_request(product: Product, spec: JobSpec, catalog: str, fingerprint:
 
 def extract_request(product: Product, spec: JobSpec, catalog: str, fingerprint: Optional[str] = None) -> GenerateRequest:
     """The attribute extraction job of one product of ``catalog`` (its :func:`catalog_key`): chat
-    messages (:func:`weir.jobs.extraction.extraction_messages`) and the spec's ``[extract]``
+    messages (:func:`weir.jobs.catalog.extraction.extraction_messages`) and the spec's ``[extract]``
     sampling, the output constrained to ``spec.extract.schema`` (``structured_outputs.json``, no
     whitespace between tokens: it costs tokens and says nothing), its parsed value filling the
     row's ``attributes``."""
@@ -551,7 +551,7 @@ class EnrichmentSummary:
     num_failed_products: int = 0
     num_cancelled: int = 0
     neighbour_vote_accuracy: Optional[float] = None
-    """Accuracy of the nearest-neighbour vote with no model (:meth:`weir.jobs.exemplars.ExemplarIndex.vote`)
+    """Accuracy of the nearest-neighbour vote with no model (:meth:`weir.jobs.catalog.exemplars.ExemplarIndex.vote`)
     on the same products; None without a labelled pool."""
     how_chosen: str = ""
     """How the model chose categories, one line (:func:`how_categories_are_chosen`)."""
@@ -606,7 +606,7 @@ def how_categories_are_chosen(spec: JobSpec) -> str:
 def neighbour_vote_accuracy(catalog: Catalog, products: list[Product]) -> Optional[float]:
     """Share of ``products`` whose category the nearest-neighbour vote alone gets right: the
     categories of the spec's ``num_exemplars`` nearest labelled products (those a prompt shows),
-    weighted by similarity (:meth:`weir.jobs.exemplars.ExemplarIndex.vote`; a tie goes to the
+    weighted by similarity (:meth:`weir.jobs.catalog.exemplars.ExemplarIndex.vote`; a tie goes to the
     nearest). None when ``products`` is empty or the catalog has no labelled pool."""
     if not products or not catalog.pool:
         return None
@@ -636,7 +636,7 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     the spec's taxonomy level) whose label equals it; the majority baseline is the share of the
     most common category among those products, the nearest-neighbour vote's accuracy
     (:func:`neighbour_vote_accuracy`) is over the same products. Description quality counts each succeeded
-    description's :func:`weir.jobs.quality.description_quality`. Of the succeeded attribute
+    description's :func:`weir.jobs.catalog.quality.description_quality`. Of the succeeded attribute
     extractions, ``num_attributes_valid`` have a parsed value (finished, so valid against the
     schema) and ``num_attributes_cut`` were cut by ``max_tokens``.
     """

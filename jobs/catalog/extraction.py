@@ -1,5 +1,5 @@
 """Attribute extraction: the prompt that asks a product's attributes under the job spec's schema
-(``[extract]``, :class:`weir.jobs.spec.Extract`), and the catalogs' own ground truth to score the
+(``[extract]``, :class:`weir.jobs.catalog.spec.Extract`), and the catalogs' own ground truth to score the
 answers against.
 
 The output is constrained by the schema (``SamplingParams.structured_outputs``), so every finished
@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Iterable
 
-from weir.jobs.spec import Extract
+from weir.jobs.catalog.spec import Extract
 
 TRUTH_FIELDS = {
     "flipkart": {"brand": "Brand", "type": "Type", "color": "Color", "material": "Material",
