@@ -583,7 +583,7 @@ class Client:
         :mod:`weir.jobs.sweeper`: never-published jobs, expired leases, and queued jobs the queue has
         moved past, whatever the backlog; a waiting backlog is never re-published). Batches left
         ``validating`` for ``STALE_VALIDATING_S`` by a producer that died are deleted. Then the
-        applications' periodic rules run (:func:`weir.jobs.sweeper.sweep_rules`).
+        applications' periodic rules run (:data:`weir.jobs.applications.SWEEP_RULES`).
 
         Args:
             older_than_s: the grace in seconds; default ``WEIR_SWEEP_AFTER_S`` (60 s).
@@ -619,11 +619,11 @@ class Client:
         return len(job_ids)
 
     def _run_sweep_rules(self) -> None:
-        """Run the applications' periodic rules (:func:`weir.jobs.sweeper.sweep_rules`), each in
-        a transaction of its own; a rule that raises is logged and the others still run."""
-        from weir.jobs.sweeper import sweep_rules
+        """Run the applications' periodic rules (:data:`weir.jobs.applications.SWEEP_RULES`), each
+        in a transaction of its own; a rule that raises is logged and the others still run."""
+        from weir.jobs import applications
 
-        for name, rule in sweep_rules().items():
+        for name, rule in applications.load_each(applications.SWEEP_RULES).items():
             def apply(rule=rule) -> int:
                 with self.session_factory.begin() as session:
                     return rule(session, model=self.model, now=utcnow())

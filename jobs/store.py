@@ -1,4 +1,6 @@
-"""Reads and writes of batches, jobs and enrichment rows. Callers own the session and transaction.
+"""Reads and writes of batches and jobs. Callers own the session and transaction (an
+application's own rows, such as the catalog's, are written by its result projection inside the
+same transaction as the results: :data:`weir.jobs.applications.RESULT_PROJECTIONS`).
 
 Concurrency rules (the cost of each is constant, whatever the batch's size):
 
@@ -47,10 +49,8 @@ from weir.jobs.db import (
     Job,
     JobKind,
     JobStatus,
-    ProductEnrichment,
     utcnow,
 )
-from weir.jobs.catalog.quality import description_quality
 from weir.jobs.schemas import JobRequest, check_json
 
 NUL_REPLACEMENT = "\ufffd"
@@ -622,7 +622,7 @@ def record_results(session: Session, results: Iterable[tuple[Job, JobResult]]) -
     for job, result in sorted(chosen.values(), key=lambda item: item[0].id):
         values = asdict(result.storable())
         values["status"] = result.status.value
-        rows.append(dict(values, id=_uuid_literal(job.id, dialect), lease_token=job.lease_token))
+        rows.append(dict(values, id=uuid_literal(job.id, dialect), lease_token=job.lease_token))
     # One statement for the whole group: the rows travel as one JSON array joined to ``jobs``
     # (compiled once, whatever the group's size), and RETURNING yields a row only where the
     # guarded update applied: one per real transition.
@@ -662,8 +662,8 @@ _FINISH_SQL = {
 }
 
 
-def _uuid_literal(value: uuid.UUID, dialect: str) -> str:
-    """How a UUID column stores ``value``: Postgres's text form, SQLite's 32 hex digits."""
+def uuid_literal(value: uuid.UUID, dialect: str) -> str:
+    """How a UUID column stores ``value`` in a statement's JSON rows: Postgres's text form, SQLite's 32 hex digits."""
     return value.hex if dialect == "sqlite" else str(value)
 
 
@@ -701,139 +701,6 @@ def _count_transitions(session: Session, transitions: Sequence[tuple[uuid.UUID, 
                 finished_at=case((finished, now), else_=batches.finished_at),
             )
         )
-
-
-def record_enrichment(session: Session, job: Job, result: JobResult, *, model: str) -> bool:
-    """:func:`record_enrichments` for one job; True when it wrote the row."""
-    return bool(record_enrichments(session, [(job, result)], model=model))
-
-
-def enrichment_target(job: Job) -> Optional[tuple[str, str]]:
-    """(catalog, product id) of a job marked as catalog enrichment (its request's
-    ``enrichment``), else None: a job's metadata never makes it one."""
-    target = job.request.get("enrichment")
-    return None if target is None else (target["catalog"], target["product_id"])
-
-
-def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]], *,
-                       model: str) -> set[tuple[str, str]]:
-    """Upsert the ``product_enrichment`` rows of succeeded catalog enrichment jobs, keyed by
-    (catalog, product id) (see :func:`enrichment_target`).
-
-    A classification job sets ``category`` and ``category_confidence`` (the label's probability);
-    a generation job sets ``description`` and its ``quality``
-    (:func:`weir.jobs.catalog.quality.description_quality`), or, marked ``field="attributes"``, sets
-    ``attributes`` to its parsed JSON (null when it did not finish). Fields the job does not produce
-    are left as they are.
-    A row is written only when the job's batch was created no earlier than the batch that last
-    wrote it (``source_batch_created_at``): an older batch's late result never overwrites a newer
-    one. Call it in the transaction that stored the results, with only the jobs whose row took
-    them (see :func:`record_results`), so a redelivered job never writes twice.
-
-    Args:
-        results: (job, result) pairs; jobs not marked as enrichment and results that did not
-            succeed are skipped.
-        model: name of the model that produced them.
-
-    Returns:
-        The (catalog, product id) keys whose row was written.
-    """
-    wanted = [(job, result.storable()) for job, result in results
-              if result.status == JobStatus.SUCCEEDED and enrichment_target(job) is not None]
-    if not wanted:
-        return set()
-    created = dict(session.execute(
-        select(Batch.id, Batch.created_at).where(Batch.id.in_({job.batch_id for job, _ in wanted}))
-    ).all())
-    now = utcnow()
-    # One row per product and field set: a statement may not touch a row twice.
-    merged: dict[tuple[str, str, tuple[str, ...]], dict[str, Any]] = {}
-    for job, result in wanted:
-        target = job.request["enrichment"]
-        if job.kind == JobKind.CLASSIFY:
-            fields = {"category": result.label,
-                      "category_confidence": (result.label_probs or {}).get(result.label)}
-            name = "category"
-        elif target.get("field") == "attributes":
-            fields, name = {"attributes": result.parsed}, "attributes"
-        else:
-            # the kept stop string may end in a space ("! "); the row holds the sentence alone
-            fields = {"description": None if result.output_text is None else result.output_text.strip(),
-                      "quality": description_quality(result.output_text)}
-            name = "description"
-        if target.get("fingerprint") is not None:
-            fields[f"{name}_fingerprint"] = target["fingerprint"]
-        catalog, product_id = enrichment_target(job)
-        row = dict(catalog=catalog, product_id=product_id, model=model, source_batch_id=job.batch_id,
-                   source_batch_created_at=created.get(job.batch_id), updated_at=now, **fields)
-        key = (catalog, product_id, tuple(sorted(fields)))
-        kept = merged.get(key)
-        if kept is None or _newer(row["source_batch_created_at"], kept["source_batch_created_at"]):
-            merged[key] = row
-    dialect = session.get_bind().dialect.name
-    written: set[tuple[str, str]] = set()
-    for names_ in sorted({key[2] for key in merged}):
-        rows = [dict(row, source_batch_id=_uuid_literal(row["source_batch_id"], dialect),
-                     source_batch_created_at=_time_literal(row["source_batch_created_at"], dialect),
-                     updated_at=None)
-                for key, row in sorted(merged.items()) if key[2] == names_]
-        found = session.execute(_enrich_sql(dialect, names_), {"rows": json.dumps(rows), "model": model, "now": now})
-        written.update((catalog, product_id) for catalog, product_id in found.all())
-    return written
-
-
-_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text", "quality": "text",
-                 "attributes": "json", "category_fingerprint": "text", "description_fingerprint": "text",
-                 "attributes_fingerprint": "text"}
-
-
-def enrichment_fingerprints(session: Session, catalog: str) -> dict[str, tuple[Optional[str], ...]]:
-    """Product id -> (category, description, attributes) fingerprints of ``catalog``'s
-    ``product_enrichment`` rows (None where a field was never written with one)."""
-    rows = session.execute(select(
-        ProductEnrichment.product_id, ProductEnrichment.category_fingerprint,
-        ProductEnrichment.description_fingerprint, ProductEnrichment.attributes_fingerprint,
-    ).where(ProductEnrichment.catalog == catalog))
-    return {product_id: tuple(fps) for product_id, *fps in rows}
-
-
-@functools.lru_cache(maxsize=None)
-def _enrich_sql(dialect: str, fields: tuple[str, ...]) -> Any:
-    """The upsert of enrichment rows that set ``fields``, from a JSON array of rows (one
-    statement, compiled once per field set), guarded so an older batch never overwrites."""
-    columns = ("catalog", "product_id", *fields, "source_batch_id", "source_batch_created_at")
-    kinds = {**_ENRICH_TYPES, "catalog": "text", "product_id": "text", "source_batch_id": "uuid", "source_batch_created_at": "timestamptz"}
-    if dialect == "postgresql":
-        source = ("FROM json_to_recordset(CAST(:rows AS json)) AS v("
-                  + ", ".join(f"{c} {kinds[c]}" for c in columns) + ")")
-        select_list = ", ".join(f"v.{c}" for c in columns)
-    else:
-        source = "FROM json_each(:rows) WHERE true"
-        select_list = ", ".join(f"json_extract(value, '$.{c}')" for c in columns)
-    updated = (*fields, "model", "source_batch_id", "source_batch_created_at", "updated_at")
-    return text(
-        f"INSERT INTO product_enrichment ({', '.join(columns)}, model, updated_at) "
-        f"SELECT {select_list}, :model, :now {source} "
-        "ON CONFLICT (catalog, product_id) DO UPDATE SET "
-        + ", ".join(f"{c} = excluded.{c}" for c in updated)
-        + " WHERE product_enrichment.source_batch_created_at IS NULL"
-          " OR product_enrichment.source_batch_created_at <= excluded.source_batch_created_at"
-          " RETURNING catalog, product_id"
-    )
-
-
-def _time_literal(value: Optional[datetime], dialect: str) -> Optional[str]:
-    """How a timestamp column stores ``value``: ISO 8601 with its zone on Postgres; SQLite keeps
-    SQLAlchemy's zone-less ``YYYY-MM-DD HH:MM:SS.ffffff`` text (all times here are UTC)."""
-    if value is None:
-        return None
-    if dialect == "sqlite":
-        return value.replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
-    return value.isoformat()
-
-
-def _newer(a: Optional[datetime], b: Optional[datetime]) -> bool:
-    return b is None or (a is not None and a >= b)
 
 
 def cancel_batch(session: Session, batch_id: uuid.UUID) -> Batch:

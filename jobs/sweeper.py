@@ -19,8 +19,9 @@ without re-publishing a backlog that is merely waiting:
   publishes to; one list per priority level) bounds the horizon the same way, the earliest
   bound counting.
 
-Applications add periodic rules of their own (:func:`sweep_rules`: the OpenAI batch application
-expires batches whose completion window has passed), which every sweep runs after the lost jobs.
+Applications add periodic rules of their own (:data:`weir.jobs.applications.SWEEP_RULES`: the
+OpenAI batch application expires batches whose completion window has passed), which every sweep
+runs after the lost jobs.
 
 Recovered messages go to the model's control queue (``<queue>.control``), which every worker also
 consumes, so they do not wait behind the backlog again. Bound: a lost message is published again
@@ -36,8 +37,7 @@ import json
 import logging
 import uuid
 from datetime import datetime, timedelta
-from importlib.metadata import entry_points
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Optional, Sequence
 
 from weir.jobs import names, store
 from weir.jobs.db import utcnow
@@ -145,28 +145,3 @@ def take_lost_jobs(session: Any, connection: Any, *, model: str, queue: str, gra
         queued_before_job=None if horizon is None or horizon[1] is None else (horizon[1], horizon[2]),
     )
 
-
-SWEEP_RULES_GROUP = "weir.sweep_rules"
-"""The entry-point group under which applications register their periodic rules (in their
-package's ``pyproject.toml``), so that the core imports no application."""
-
-
-class SweepRule(Protocol):
-    """A periodic rule of an application, run by every sweep in a transaction of its own."""
-
-    def __call__(self, session: Any, *, model: str, now: datetime) -> int:
-        """Apply the rule to the model's rows as of ``now`` (timezone-aware UTC) inside ``session``
-        (the caller commits, and runs the call again on a deadlock or serialization failure);
-        return how many things it changed (batches expired, ...), for the log."""
-
-
-def sweep_rules() -> dict[str, SweepRule]:
-    """The periodic rules registered under :data:`SWEEP_RULES_GROUP`, by entry-point name, each
-    loaded (imported) on this call; one that cannot be loaded is logged and left out."""
-    rules = {}
-    for ep in entry_points(group=SWEEP_RULES_GROUP):
-        try:
-            rules[ep.name] = ep.load()
-        except Exception:
-            logger.exception("sweep rule %s (%s) cannot be loaded", ep.name, ep.value)
-    return rules

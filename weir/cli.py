@@ -1,5 +1,5 @@
 """The ``weir`` command line: ``worker``, ``enrich``, ``batches``, ``results``, ``sweep``, ``cancel``, ``db``,
-``health``, ``bench``, and the applications' commands (:data:`COMMANDS_GROUP`: ``batch``).
+``health``, ``bench``, and the applications' commands (:data:`weir.jobs.applications.COMMANDS`: ``batch``).
 
 Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
 differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error
@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import time
-from importlib.metadata import entry_points
 from typing import Any, Optional, Sequence
 
 from weir.config import Settings, get_settings
@@ -22,12 +21,6 @@ from weir.config import Settings, get_settings
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, as a shell reports a command stopped by Ctrl-C."""
-
-COMMANDS_GROUP = "weir.commands"
-"""The entry-point group of the applications' commands: each names a function that takes
-:func:`build_parser`'s ``command(name, help)`` (which adds a subcommand with the common flags and
-returns its parser), adds its own and sets ``func`` (a function of the parsed arguments returning
-the exit status) on each, so that the command line imports no application."""
 
 BROKER_CHECK_TIMEOUT_S = 5.0
 DEFAULT_IDLE_WARNING_S = 30.0
@@ -620,8 +613,11 @@ def build_parser() -> argparse.ArgumentParser:
     batches.add_argument("--limit", type=int, default=20, help="how many batches (default 20)")
     batches.set_defaults(func=cmd_batches)
 
-    for ep in entry_points(group=COMMANDS_GROUP):  # the applications' commands
-        ep.load()(command)
+    from weir.jobs import applications
+
+    # the applications' commands: each a function that adds its subcommands through command()
+    for add_commands in applications.load_each(applications.COMMANDS).values():
+        add_commands(command)
 
     db = command("db", "migrate the results database (WEIR_DATABASE_URL), or repair batch counters")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")

@@ -150,7 +150,8 @@ class _Run:
     request: Any
     claimed_at: float
     started_at: Optional[float] = None  # when the engine first scheduled its (first) request
-    first: Any = None  # a flagged description's first output, while its retry runs
+    first: Any = None  # the first output of a generation a post-run policy runs once more
+    policy: Any = None  # that policy (it picks the run kept)
     timed_out: bool = False
 
 
@@ -291,20 +292,20 @@ class _ChunkRun:
             return
         if run.first is not None:
             runtime.give_slot()
-            self._store(job, runtime.kept_description(run.request, run.first, output), run.claimed_at)
+            self._store(job, runtime.kept_result(run.policy, run.request, run.first, output), run.claimed_at)
             return
-        retry = runtime.description_retry(run.request, output)
+        retry = runtime.retry_after(run.request, output)
         if retry is None:
             runtime.give_slot()
             self._store(job, runtime._generated(output, run.request), run.claimed_at)
             return
-        try:  # a flagged description: one more attempt, in the same slot
-            second = runtime.submit(job, run.request, retry)
+        try:  # a policy asks for one more run (a flagged description), in the same slot
+            second = runtime.submit(job, run.request, retry[1])
         except Exception as exc:
             runtime.give_slot()
             self._submit_failed(job, run.claimed_at, exc)
             return
-        run.first = output
+        run.first, run.policy = output, retry[0]
         if run.started_at is None:  # the first request ran between two deadline checks
             run.started_at = started_at(future)
         self._track(second, run)
@@ -314,7 +315,7 @@ class _ChunkRun:
 
         now = time.monotonic()
         for future, run in list(self.in_engine.items()):
-            if run.started_at is None:  # a description's retry keeps the first request's start
+            if run.started_at is None:  # a second run keeps the first one's start
                 run.started_at = started_at(future)
             if not run.timed_out and run.started_at is not None and now > run.started_at + self.timeout_s:
                 run.timed_out = True

@@ -5,7 +5,7 @@ for the outcome. The committer has two lanes (claims; results and releases), eac
 a lane's thread takes what is pending, waits up to
 ``WEIR_COMMIT_MAX_WAIT_S`` for more (at most ``WEIR_COMMIT_MAX_JOBS`` operations), and runs them
 all in one transaction: the claims as one guarded ``UPDATE``, the results as one guarded upsert
-with their enrichment rows and one counter update per batch, the releases as one ``UPDATE``.
+with the applications' rows (their result projections) and one counter update per batch, the releases as one ``UPDATE``.
 Only after that transaction has committed does each waiting thread get its answer, so a task
 acks its message only once its outcome is stored. Database work per job is then a share of one
 transaction instead of two transactions of its own (the group-commit technique of database
@@ -39,7 +39,7 @@ from celery.utils.time import get_exponential_backoff_interval
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from weir.jobs import store
+from weir.jobs import applications, store
 from weir.jobs.db import Job, watchdog
 from weir.jobs.store import Claim, ClaimStatus, JobResult
 from weir.worker.metrics import DB_WRITE_LANES
@@ -103,7 +103,8 @@ class GroupCommitter:
         worker: this worker's name, stored on claims.
         lease_s: the lease a claim takes, seconds.
         max_attempts: a job's most starts (``WEIR_MAX_ATTEMPTS``).
-        model_name: the model name stored on enrichment rows (a callable: known once loaded).
+        model_name: the model name the applications' result projections store (a callable:
+            known once loaded).
         retry_timeout_s: how long an operation may wait out transient errors.
         statement_timeout_s: the database's statement timeout; the watchdog fires this + 5 s.
         max_jobs: the most operations in one transaction.
@@ -131,6 +132,7 @@ class GroupCommitter:
         write_latency_s: Any = None,
     ) -> None:
         self.session_factory = session_factory
+        self.projections = applications.load(applications.RESULT_PROJECTIONS)
         self.worker = worker
         self.lease_s = lease_s
         self.max_attempts = max_attempts
@@ -169,7 +171,7 @@ class GroupCommitter:
         return self._submit(_Op("claim", job_id, self._deadline()))
 
     def finish(self, job: Job, result: JobResult) -> bool:
-        """Store a claimed job's outcome and its enrichment row; blocks until committed.
+        """Store a claimed job's outcome (and the applications' rows from it); blocks until committed.
 
         Returns:
             True when the row took it; False when the claim was stale (the job was cancelled,
@@ -309,8 +311,8 @@ class GroupCommitter:
             if finishes:
                 pairs = [(op.job, op.result) for op in finishes]
                 written = store.record_results(session, pairs)
-                store.record_enrichments(session, [p for p in pairs if p[0].id in written],
-                                         model=self.model_name())
+                for project in self.projections.values():  # the applications' rows, same transaction
+                    project(session, [p for p in pairs if p[0].id in written], model=self.model_name())
             released = set()
             for refund in (False, True):
                 leases = [(op.job.id, op.job.lease_token) for op in releases if op.refund_attempt == refund]

@@ -17,13 +17,12 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Optional
+from typing import Any, Optional
 
-from weir.jobs import store
+from weir.jobs import applications, store
 from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
 from weir.engine.sampling_params import SamplingParams
 from weir.jobs.model_info import too_long_for_output
-from weir.jobs.catalog.quality import OK, description_quality, pick_description
 from weir.jobs.schemas import GenerateRequest, JobRequest, parse_request
 from weir.jobs.store import JobResult, parse_json_output
 from weir.config import Settings, get_settings
@@ -91,6 +90,8 @@ class WorkerRuntime:
         self.settings = settings
         self.llm = None
         self.front = None
+        # the applications' say on whether a generation runs once more (the catalog's description retry)
+        self.post_run_policies = list(applications.load(applications.POST_RUN_POLICIES).values())
         # No pre-ping: a checkout would wait on a silent database outside any watchdog; a dead
         # pooled connection fails its first statement instead, which is retried.
         self.db_engine = engine_for(settings.database, pool_pre_ping=False)
@@ -360,13 +361,14 @@ class WorkerRuntime:
             return self._failure(job, output)
         if job.kind == JobKind.CLASSIFY:
             return self._classified(output)
-        retry = self.description_retry(request, output)
+        retry = self.retry_after(request, output)
         if retry is None:
             return self._generated(output, request)
+        policy, params = retry
         first_started_at = started_at(future) or time.monotonic()  # set once the engine ran it
-        # a flagged description: one more attempt with the retry sampling, the first clean one kept
+        # a policy asks for one more run (a flagged description); it picks the one kept
         try:
-            future = self._submit_generate(request, retry)
+            future = self._submit_generate(request, params)
         except EngineStepError as exc:
             self._engine_step_failed(exc)
             raise EngineFailed(str(exc)) from exc
@@ -375,7 +377,7 @@ class WorkerRuntime:
         second = self._wait(job, future, max(1e-3, timeout_s - (time.monotonic() - first_started_at)))
         if isinstance(second, Exception):
             return self._failure(job, second)
-        return self.kept_description(request, output, second)
+        return self.kept_result(policy, request, output, second)
 
     def begin_run(self, job: Job) -> None:
         """A claimed job is about to go to the engine (once per attempt, whatever path delivered
@@ -399,20 +401,21 @@ class WorkerRuntime:
             )
         return self._submit_generate(request, params, prompt_token_ids)
 
-    @staticmethod
-    def description_retry(request: JobRequest, output) -> Optional[SamplingParams]:
-        """The retry sampling of a generation whose description the quality check flags; None
-        when the output stands (clean, or no retry asked)."""
-        retry = request.retry_params()
-        if retry is None or description_quality(output.outputs[0].text) == OK:
-            return None
-        return retry
+    def retry_after(self, request: JobRequest, output) -> Optional[tuple[Any, SamplingParams]]:
+        """The first post-run policy (:data:`weir.jobs.applications.POST_RUN_POLICIES`) that asks
+        for one more run of a finished generation, with that run's sampling; None when the output
+        stands."""
+        for policy in self.post_run_policies:
+            params = policy.retry_params(request, output)
+            if params is not None:
+                return policy, params
+        return None
 
-    def kept_description(self, request: GenerateRequest, output, second) -> JobResult:
-        """The result of a flagged description and its retry: the first clean one kept, the
-        tokens of both counted."""
+    def kept_result(self, policy: Any, request: GenerateRequest, output, second) -> JobResult:
+        """The result of a generation run twice (:meth:`retry_after`): the run ``policy`` picks,
+        the tokens of both counted."""
         attempts = [output, second]
-        kept = attempts[pick_description([a.outputs[0].text for a in attempts])]
+        kept = attempts[policy.pick(request, attempts)]
         other = attempts[1] if kept is output else output
         result = self._generated(kept, request)
         return dataclasses.replace(

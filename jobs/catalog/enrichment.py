@@ -466,7 +466,7 @@ def plan_enrichment(session_factory: Any, catalog: Catalog, model: str, *, full:
         model: the name the workers' model is known by (``Client.model``).
         full: enrich every product whatever is stored (``weir enrich --full``).
     """
-    from weir.jobs.store import enrichment_fingerprints
+    from weir.jobs.catalog.store import enrichment_fingerprints
 
     with session_factory() as session:
         stored = enrichment_fingerprints(session, catalog_key(catalog))

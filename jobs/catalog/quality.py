@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Optional
+from typing import Any, Optional
 
 OK = "ok"
 EMPTY = "empty"
@@ -72,3 +72,23 @@ def pick_description(texts: list[Optional[str]]) -> int:
     """Which of several attempts at one description to keep: the first whose quality is ``ok``,
     else the first (a flagged description is kept flagged, never dropped)."""
     return next((i for i, text in enumerate(texts) if description_quality(text) == OK), 0)
+
+
+class DescriptionRetry:
+    """The catalog's post-run policy (:class:`weir.jobs.applications.PostRunPolicy`): a generation
+    that asks for a retry (``enrichment.retry_sampling``) and whose text the check flags runs once
+    more with that sampling; the first clean attempt is kept (:func:`pick_description`)."""
+
+    def retry_params(self, request: Any, output: Any) -> Optional[Any]:
+        retry = request.retry_params()
+        if retry is None or description_quality(output.outputs[0].text) == OK:
+            return None
+        return retry
+
+    def pick(self, request: Any, outputs: list[Any]) -> int:
+        return pick_description([output.outputs[0].text for output in outputs])
+
+
+DESCRIPTION_RETRY = DescriptionRetry()
+"""The instance the ``weir.post_run_policies`` entry point names."""
+

@@ -1,6 +1,6 @@
 """``weir batch``: submit an OpenAI batch request file, follow the batch, write its output and
 error files. Registered with the command line under the ``weir.commands`` entry-point group
-(:data:`weir.cli.COMMANDS_GROUP`)."""
+(:data:`weir.jobs.applications.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from weir.jobs import openai_batch
 
 def add_batch_command(command: Callable[..., argparse.ArgumentParser]) -> None:
     """Add ``weir batch submit|status|cancel|results`` through the command line's ``command(name,
-    help)`` (:data:`weir.cli.COMMANDS_GROUP`)."""
+    help)`` (:data:`weir.jobs.applications.COMMANDS`)."""
     batch = command("batch", "OpenAI batch files: submit a request file, follow the batch, write its "
                              "output and error files")
     batch_commands = batch.add_subparsers(dest="batch_command", required=True, metavar="ACTION")

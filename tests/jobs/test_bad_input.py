@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from weir.jobs import store
+from weir.jobs.catalog import store as catalog_store
 from weir.jobs.db import Batch, Job, JobStatus, ProductEnrichment, make_engine, make_session_factory
 from weir.jobs.schemas import MAX_TEXT_CHARS, ClassifyRequest, GenerateRequest
 from weir.jobs.store import NUL_REPLACEMENT, JobResult
@@ -123,7 +124,7 @@ def test_nul_characters_are_stored_as_replacement_characters_never_cut(session_f
     text = "before\x00after\x00"
     with session_factory.begin() as session:
         assert store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text))
-        store.record_enrichment(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text), model="t")
+        catalog_store.record_enrichment(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text), model="t")
     stored = load_job(session_factory, job.id).output_text
     assert stored == f"before{NUL_REPLACEMENT}after{NUL_REPLACEMENT}" and len(stored) == len(text)
     with session_factory() as session:
@@ -138,7 +139,7 @@ def test_nan_and_infinity_in_result_json_are_stored_as_null(session_factory):
                        label_probs={"a": math.nan, "b": math.inf, "c": 0.25})
     with session_factory.begin() as session:
         assert store.record_result(session, job, result)
-        store.record_enrichment(session, job, result, model="t")
+        catalog_store.record_enrichment(session, job, result, model="t")
     assert load_job(session_factory, job.id).label_probs == {"a": None, "b": None, "c": 0.25}
     with session_factory() as session:
         assert session.get(ProductEnrichment, ("c.csv", "nan-1")).category_confidence is None

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import make_url, text
 
 from weir.jobs import store
+from weir.jobs.catalog import store as catalog_store
 from weir.jobs.db import JobStatus, make_engine, make_session_factory
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 from weir.jobs.store import JobResult
@@ -142,7 +143,7 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
     ]
     with pg_sessions.begin() as session:
         written = store.record_results(session, outcomes)
-        store.record_enrichments(session, [o for o in outcomes if o[0].id in written], model="tiny")
+        catalog_store.record_enrichments(session, [o for o in outcomes if o[0].id in written], model="tiny")
 
     received = changes(listener, conninfo)
     assert statuses(received[str(batch_id)]) == [
@@ -234,7 +235,7 @@ def test_the_views_have_the_documented_columns(session_factory):
         for view in VIEWS:
             assert list(session.execute(text(f"SELECT * FROM {view}")).keys()) == columns[view], view
         found = session.execute(text("SELECT kind, catalog, num_jobs FROM batch_summary WHERE batch_id = :id"),
-                                {"id": store._uuid_literal(batch.id, session.get_bind().dialect.name)}).all()
+                                {"id": store.uuid_literal(batch.id, session.get_bind().dialect.name)}).all()
     assert found == [("catalog_enrichment", CATALOG, 1)]
 
 

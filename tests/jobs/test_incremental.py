@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from weir.jobs import store
+from weir.jobs.catalog import store as catalog_store
 from weir.jobs.catalog.enrichment import Catalog, Product, catalog_requests, plan_enrichment, product_fingerprint
 from weir.jobs.db import JobKind, JobStatus
 from weir.jobs.catalog.spec import JobSpec, load_spec
@@ -39,7 +40,7 @@ def run_jobs(session_factory, catalog, plan, only=None):
             result = JobResult(status=JobStatus.SUCCEEDED, output_text="A fine product.", finish_reason="stop")
         with session_factory.begin() as session:
             if store.record_result(session, claimed, result):
-                store.record_enrichment(session, claimed, result, model=MODEL)
+                catalog_store.record_enrichment(session, claimed, result, model=MODEL)
     return len(jobs)
 
 

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from weir.jobs import store
+from weir.jobs.catalog import store as catalog_store
 from weir.jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 from weir.jobs.store import JobResult
@@ -43,7 +44,7 @@ def run(session_factory, job_id, result):
     with session_factory.begin() as session:
         written = store.record_result(session, job, result)
         if written:
-            store.record_enrichment(session, job, result, model="tiny")
+            catalog_store.record_enrichment(session, job, result, model="tiny")
     return written
 
 
@@ -123,7 +124,7 @@ def test_a_stale_attempt_changes_nothing(session_factory):
     with session_factory.begin() as session:
         assert store.renew_leases(session, [(job_ids[0], stale.lease_token)], worker="dead", lease_s=60) == set()
         assert store.record_result(session, stale, ok("stale")) is False
-        assert store.record_enrichment(session, stale, ok("stale"), model="tiny") is True  # unguarded alone
+        assert catalog_store.record_enrichment(session, stale, ok("stale"), model="tiny") is True  # unguarded alone
         session.rollback()
     batch, jobs = load(session_factory, batch_id)
     assert (jobs[0].status, jobs[0].output_text, batch.num_succeeded) == (JobStatus.RUNNING, None, 0)
@@ -220,7 +221,7 @@ def test_an_older_batch_never_overwrites_a_newer_enrichment(session_factory):
     for job, text in reversed(claimed):  # the newer batch's result lands first
         with session_factory.begin() as session:
             assert store.record_result(session, job, ok(text)) is True
-            written = store.record_enrichments(session, [(job, ok(text))], model="tiny")
+            written = catalog_store.record_enrichments(session, [(job, ok(text))], model="tiny")
         assert written == ({(CATALOG, product)} if text == "new" else set())
     with session_factory() as session:
         row = session.get(ProductEnrichment, (CATALOG, product))
@@ -402,7 +403,7 @@ def test_a_job_whose_metadata_names_a_product_writes_no_enrichment(session_facto
     result = JobResult(status=JobStatus.SUCCEEDED, label="positive", label_probs={"positive": 0.9, "negative": 0.1})
     with session_factory.begin() as session:
         assert store.record_result(session, job, result) is True
-        assert store.record_enrichments(session, [(job, result)], model="tiny") == set()
+        assert catalog_store.record_enrichments(session, [(job, result)], model="tiny") == set()
     assert num_enrichment_rows(session_factory, batch.id) == 0
 
 

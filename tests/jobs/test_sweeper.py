@@ -207,7 +207,7 @@ def test_the_queue_position_is_the_furthest_a_sweep_saw_within_one_publish(redis
 
 def test_every_sweep_runs_the_applications_rules_and_a_rule_that_raises_stops_no_other(
         redis_client_and_queue, monkeypatch, caplog):
-    from weir.jobs import sweeper
+    from weir.jobs import applications
 
     client, _, _ = redis_client_and_queue
     calls = []
@@ -220,14 +220,14 @@ def test_every_sweep_runs_the_applications_rules_and_a_rule_that_raises_stops_no
         calls.append(("counting", model))
         return 2
 
-    monkeypatch.setattr(sweeper, "sweep_rules", lambda: {"broken": broken, "counting": counting})
+    rules = {applications.SWEEP_RULES: {"broken": broken, "counting": counting}}
+    monkeypatch.setattr(applications, "load_each", lambda group: rules.get(group, {}))
     assert client.sweep() == 0
     assert calls == [("broken", client.model), ("counting", client.model)]
     assert "sweep: rule broken failed" in caplog.text and "sweep: rule counting changed 2" in caplog.text
 
 
 def test_the_openai_batch_expiry_is_registered_as_a_sweep_rule():
-    from weir.jobs import openai_batch
-    from weir.jobs.sweeper import sweep_rules
+    from weir.jobs import applications, openai_batch
 
-    assert sweep_rules()["openai_batch_expiry"] is openai_batch.expire_due_batches
+    assert applications.load(applications.SWEEP_RULES) == {"openai_batch_expiry": openai_batch.expire_due_batches}

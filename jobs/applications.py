@@ -1,0 +1,80 @@
+"""The seams where applications (catalog enrichment, OpenAI batch files) meet the queue core.
+
+The core knows a request in and a result out; an application adds its own behaviour through
+entry points its package declares (``[project.entry-points."<group>"]`` in ``pyproject.toml``),
+so the core imports no application, as Celery finds its extensions and pytest its plugins:
+
+- :data:`COMMANDS`: a function adding the application's ``weir`` subcommands
+  (:func:`weir.cli.build_parser`);
+- :data:`RESULT_PROJECTIONS`: a :class:`ResultProjection`, called by the group commit inside the
+  transaction that stores results (the catalog's ``product_enrichment`` rows);
+- :data:`POST_RUN_POLICIES`: a :class:`PostRunPolicy`, asked by the worker once a generation has
+  run whether to run it once more (the catalog's description retry);
+- :data:`SWEEP_RULES`: a :class:`SweepRule`, run by every sweep (OpenAI batch expiry).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from importlib.metadata import entry_points
+from typing import Any, Optional, Protocol, Sequence
+
+logger = logging.getLogger(__name__)
+
+COMMANDS = "weir.commands"
+RESULT_PROJECTIONS = "weir.result_projections"
+POST_RUN_POLICIES = "weir.post_run_policies"
+SWEEP_RULES = "weir.sweep_rules"
+
+
+class ResultProjection(Protocol):
+    """Writes an application's own rows from stored results."""
+
+    def __call__(self, session: Any, results: Sequence[tuple[Any, Any]], *, model: str) -> None:
+        """Project ``results`` (``(Job, JobResult)`` pairs, each just stored as the job's
+        outcome) into the application's tables inside ``session`` (the results' transaction:
+        both commit or neither). ``model`` is the worker's model name."""
+
+
+class PostRunPolicy(Protocol):
+    """Decides whether a finished generation runs once more, and which of the runs is kept."""
+
+    def retry_params(self, request: Any, output: Any) -> Optional[Any]:
+        """The ``SamplingParams`` of one more run of ``request`` (a ``GenerateRequest``) after
+        ``output`` (its ``RequestOutput``), or None when the output stands."""
+
+    def pick(self, request: Any, outputs: list[Any]) -> int:
+        """The index of the run to keep among ``outputs`` (the first run's, then the retry's)."""
+
+
+class SweepRule(Protocol):
+    """A periodic rule, run by every sweep in a transaction of its own."""
+
+    def __call__(self, session: Any, *, model: str, now: datetime) -> int:
+        """Apply the rule to the model's rows as of ``now`` (timezone-aware UTC) inside
+        ``session`` (the caller commits, and runs the call again on a deadlock or serialization
+        failure); return how many things it changed (batches expired, ...), for the log."""
+
+
+def load(group: str) -> dict[str, Any]:
+    """The objects registered under entry-point ``group``, by entry-point name (sorted), each
+    loaded (imported) on this call.
+
+    Raises:
+        ImportError, AttributeError: an entry point names what cannot be imported (an
+            application installed half-way): a worker refuses to start rather than run without it.
+    """
+    return {ep.name: ep.load() for ep in sorted(entry_points(group=group), key=lambda ep: ep.name)}
+
+
+def load_each(group: str) -> dict[str, Any]:
+    """:func:`load`, leaving out (and logging) an entry point that cannot be loaded: for seams
+    where one broken application must not stop the others (commands, sweep rules)."""
+    found = {}
+    for ep in sorted(entry_points(group=group), key=lambda ep: ep.name):
+        try:
+            found[ep.name] = ep.load()
+        except Exception:
+            logger.exception("%s entry point %s (%s) cannot be loaded", group, ep.name, ep.value)
+    return found

@@ -1,0 +1,156 @@
+"""The catalog's table: ``product_enrichment`` rows written from stored results (the result
+projection the group commit calls, :data:`weir.jobs.applications.RESULT_PROJECTIONS`) and read
+back for the incremental plan."""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Any, Optional, Sequence
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from weir.jobs.catalog.quality import description_quality
+from weir.jobs.db import Batch, Job, JobKind, JobStatus, ProductEnrichment, utcnow
+from weir.jobs.store import JobResult, uuid_literal
+
+
+def project_results(session: Session, results: Sequence[tuple[Job, JobResult]], *, model: str) -> None:
+    """The catalog's result projection (:class:`weir.jobs.applications.ResultProjection`): the
+    enrichment rows of ``results`` (:func:`record_enrichments`)."""
+    record_enrichments(session, results, model=model)
+
+
+def record_enrichment(session: Session, job: Job, result: JobResult, *, model: str) -> bool:
+    """:func:`record_enrichments` for one job; True when it wrote the row."""
+    return bool(record_enrichments(session, [(job, result)], model=model))
+
+
+def enrichment_target(job: Job) -> Optional[tuple[str, str]]:
+    """(catalog, product id) of a job marked as catalog enrichment (its request's
+    ``enrichment``), else None: a job's metadata never makes it one."""
+    target = job.request.get("enrichment")
+    return None if target is None else (target["catalog"], target["product_id"])
+
+
+def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]], *,
+                       model: str) -> set[tuple[str, str]]:
+    """Upsert the ``product_enrichment`` rows of succeeded catalog enrichment jobs, keyed by
+    (catalog, product id) (see :func:`enrichment_target`).
+
+    A classification job sets ``category`` and ``category_confidence`` (the label's probability);
+    a generation job sets ``description`` and its ``quality``
+    (:func:`weir.jobs.catalog.quality.description_quality`), or, marked ``field="attributes"``, sets
+    ``attributes`` to its parsed JSON (null when it did not finish). Fields the job does not produce
+    are left as they are.
+    A row is written only when the job's batch was created no earlier than the batch that last
+    wrote it (``source_batch_created_at``): an older batch's late result never overwrites a newer
+    one. Call it in the transaction that stored the results, with only the jobs whose row took
+    them (see :func:`record_results`), so a redelivered job never writes twice.
+
+    Args:
+        results: (job, result) pairs; jobs not marked as enrichment and results that did not
+            succeed are skipped.
+        model: name of the model that produced them.
+
+    Returns:
+        The (catalog, product id) keys whose row was written.
+    """
+    wanted = [(job, result.storable()) for job, result in results
+              if result.status == JobStatus.SUCCEEDED and enrichment_target(job) is not None]
+    if not wanted:
+        return set()
+    created = dict(session.execute(
+        select(Batch.id, Batch.created_at).where(Batch.id.in_({job.batch_id for job, _ in wanted}))
+    ).all())
+    now = utcnow()
+    # One row per product and field set: a statement may not touch a row twice.
+    merged: dict[tuple[str, str, tuple[str, ...]], dict[str, Any]] = {}
+    for job, result in wanted:
+        target = job.request["enrichment"]
+        if job.kind == JobKind.CLASSIFY:
+            fields = {"category": result.label,
+                      "category_confidence": (result.label_probs or {}).get(result.label)}
+            name = "category"
+        elif target.get("field") == "attributes":
+            fields, name = {"attributes": result.parsed}, "attributes"
+        else:
+            # the kept stop string may end in a space ("! "); the row holds the sentence alone
+            fields = {"description": None if result.output_text is None else result.output_text.strip(),
+                      "quality": description_quality(result.output_text)}
+            name = "description"
+        if target.get("fingerprint") is not None:
+            fields[f"{name}_fingerprint"] = target["fingerprint"]
+        catalog, product_id = enrichment_target(job)
+        row = dict(catalog=catalog, product_id=product_id, model=model, source_batch_id=job.batch_id,
+                   source_batch_created_at=created.get(job.batch_id), updated_at=now, **fields)
+        key = (catalog, product_id, tuple(sorted(fields)))
+        kept = merged.get(key)
+        if kept is None or _is_newer(row["source_batch_created_at"], kept["source_batch_created_at"]):
+            merged[key] = row
+    dialect = session.get_bind().dialect.name
+    written: set[tuple[str, str]] = set()
+    for names_ in sorted({key[2] for key in merged}):
+        rows = [dict(row, source_batch_id=uuid_literal(row["source_batch_id"], dialect),
+                     source_batch_created_at=_time_literal(row["source_batch_created_at"], dialect),
+                     updated_at=None)
+                for key, row in sorted(merged.items()) if key[2] == names_]
+        found = session.execute(_enrich_sql(dialect, names_), {"rows": json.dumps(rows), "model": model, "now": now})
+        written.update((catalog, product_id) for catalog, product_id in found.all())
+    return written
+
+
+_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text", "quality": "text",
+                 "attributes": "json", "category_fingerprint": "text", "description_fingerprint": "text",
+                 "attributes_fingerprint": "text"}
+
+
+def enrichment_fingerprints(session: Session, catalog: str) -> dict[str, tuple[Optional[str], ...]]:
+    """Product id -> (category, description, attributes) fingerprints of ``catalog``'s
+    ``product_enrichment`` rows (None where a field was never written with one)."""
+    rows = session.execute(select(
+        ProductEnrichment.product_id, ProductEnrichment.category_fingerprint,
+        ProductEnrichment.description_fingerprint, ProductEnrichment.attributes_fingerprint,
+    ).where(ProductEnrichment.catalog == catalog))
+    return {product_id: tuple(fps) for product_id, *fps in rows}
+
+
+@functools.lru_cache(maxsize=None)
+def _enrich_sql(dialect: str, fields: tuple[str, ...]) -> Any:
+    """The upsert of enrichment rows that set ``fields``, from a JSON array of rows (one
+    statement, compiled once per field set), guarded so an older batch never overwrites."""
+    columns = ("catalog", "product_id", *fields, "source_batch_id", "source_batch_created_at")
+    kinds = {**_ENRICH_TYPES, "catalog": "text", "product_id": "text", "source_batch_id": "uuid", "source_batch_created_at": "timestamptz"}
+    if dialect == "postgresql":
+        source = ("FROM json_to_recordset(CAST(:rows AS json)) AS v("
+                  + ", ".join(f"{c} {kinds[c]}" for c in columns) + ")")
+        select_list = ", ".join(f"v.{c}" for c in columns)
+    else:
+        source = "FROM json_each(:rows) WHERE true"
+        select_list = ", ".join(f"json_extract(value, '$.{c}')" for c in columns)
+    updated = (*fields, "model", "source_batch_id", "source_batch_created_at", "updated_at")
+    return text(
+        f"INSERT INTO product_enrichment ({', '.join(columns)}, model, updated_at) "
+        f"SELECT {select_list}, :model, :now {source} "
+        "ON CONFLICT (catalog, product_id) DO UPDATE SET "
+        + ", ".join(f"{c} = excluded.{c}" for c in updated)
+        + " WHERE product_enrichment.source_batch_created_at IS NULL"
+          " OR product_enrichment.source_batch_created_at <= excluded.source_batch_created_at"
+          " RETURNING catalog, product_id"
+    )
+
+
+def _time_literal(value: Optional[datetime], dialect: str) -> Optional[str]:
+    """How a timestamp column stores ``value``: ISO 8601 with its zone on Postgres; SQLite keeps
+    SQLAlchemy's zone-less ``YYYY-MM-DD HH:MM:SS.ffffff`` text (all times here are UTC)."""
+    if value is None:
+        return None
+    if dialect == "sqlite":
+        return value.replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return value.isoformat()
+
+
+def _is_newer(a: Optional[datetime], b: Optional[datetime]) -> bool:
+    return b is None or (a is not None and a >= b)
