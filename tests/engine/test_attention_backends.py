@@ -108,15 +108,20 @@ def test_backend_output_equals_naive_softmax(name):
 WINDOW, NAN_BLOCK = 5, 19
 
 
-def windowed_step() -> SchedulerOutput:
-    """A step whose contexts outrun a window of 5 (block size 4): a decode at position 13, a fresh
-    9-token prompt, a 3-token chunk over 10 cached tokens, a 17-token chunk over 12 (past the CPU
-    kernel's chunk limit). Block-table entries wholly before every query's window name block 19,
-    which the test fills with NaN: a backend that reads one gives NaN."""
-    a = Req(list(range(100, 114)), [NAN_BLOCK, NAN_BLOCK, 2, 3], 13)  # keys 9..13: blocks 2, 3
-    b = Req(list(range(120, 129)), [4, 5, 6], 0)
-    c = Req(list(range(130, 143)), [NAN_BLOCK, 7, 8, 9], 10)  # first key 6: block 1 on
-    d = Req(list(range(150, 179)), [NAN_BLOCK, NAN_BLOCK, 10, 11, 12, 13, 14, 15], 12)  # first key 8
+def windowed_step(block_size: int = 4) -> SchedulerOutput:
+    """A step whose contexts outrun a window of 5 (block size 4 or 8): a decode at position 13, a
+    fresh 9-token prompt, a 3-token chunk over 10 cached tokens, a 17-token chunk over 12 (past the
+    CPU kernel's chunk limit). Block-table entries wholly before every query's window name block
+    19, which the tests fill with NaN: a backend that reads one gives NaN."""
+    n = NAN_BLOCK
+    tables = {  # a: keys 9..13; c: from key 6; d: from key 8
+        4: ([n, n, 2, 3], [4, 5, 6], [n, 7, 8, 9], [n, n, 10, 11, 12, 13, 14, 15]),
+        8: ([n, 2], [4, 5], [7, 8], [n, 10, 11, 12]),
+    }[block_size]
+    a = Req(list(range(100, 114)), tables[0], 13)
+    b = Req(list(range(120, 129)), tables[1], 0)
+    c = Req(list(range(130, 143)), tables[2], 10)
+    d = Req(list(range(150, 179)), tables[3], 12)
     return SchedulerOutput([ScheduledRequest(b, 9), ScheduledRequest(c, 3), ScheduledRequest(a, 1),
                             ScheduledRequest(d, 17)])
 

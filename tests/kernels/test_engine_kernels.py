@@ -10,7 +10,7 @@ import torch
 from weir.engine import LLM, SamplingParams
 from weir.engine.attention import TritonAttentionBackend
 from tests.conftest import hf_greedy
-from tests.engine.test_attention_backends import run_backend
+from tests.engine.test_attention_backends import NAN_BLOCK, WINDOW, run_backend, windowed_step
 from tests.engine.test_llm_tiny import prompts, shared_prefix_prompts
 from tests.kernels.support import import_kernel
 
@@ -55,6 +55,13 @@ def kernel_llm(path, **kw):
 
 def test_triton_backend_output_equals_naive_softmax():
     out, want = run_backend(TritonAttentionBackend(), 8)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_triton_backend_with_a_window_equals_naive_softmax_and_never_reads_blocks_before_it():
+    out, want = run_backend(TritonAttentionBackend(), 8, sched=windowed_step(8), num_blocks=20, window=WINDOW,
+                            nan_block=NAN_BLOCK)
+    assert not want.isnan().any()
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
 
 
