@@ -149,6 +149,17 @@ def test_a_prefix_hit_stops_before_a_window_with_an_evicted_block():
     assert [None if h is None else h.block_id for h in hits] == [None, 1, 2] and n == 12
 
 
+def test_a_prefix_hit_needs_every_block_its_window_reaches():
+    kv, _ = make_windowed()
+    a = req("a", list(range(16)))
+    step(kv, a, 16)
+    kv.free(a)
+    kv.pool.uncache_blocks([kv.pool.blocks[2]])  # as if evicted
+    hits, n = kv.get_computed_blocks(req("c", list(range(16)) + [1]))
+    # 4 blocks would need blocks 2 and 3, 3 blocks 1 and 2; 2 blocks need 0 and 1
+    assert [h.block_id for h in hits] == [0, 1] and n == 8
+
+
 def test_fork_takes_only_the_window_and_refuses_freed_blocks():
     kv, copies = make_windowed()
     parent = req("p", list(range(14)))
