@@ -111,6 +111,14 @@ def test_mistral_window_preempted_and_recomputed_in_a_tiny_pool(mistral):
     assert_all_blocks_free(llm)
 
 
+def test_mistral_window_n_greedy_samples_forked_from_the_prompt(mistral):
+    path, _, ps, want, _ = mistral
+    llm = make_llm(path)
+    outs = llm.generate(ps, SamplingParams(n=2, temperature=0, max_tokens=GREEDY.max_tokens))
+    assert [[c.token_ids for c in o.outputs] for o in outs] == [[w, w] for w in want]
+    assert_all_blocks_free(llm)
+
+
 def test_blocks_before_the_window_are_freed_and_never_read_again(mistral, monkeypatch):
     """Each block freed under the window by its last holder is filled with NaN, its hash forgotten
     and kept out of the pool: a kernel that still read it would turn the logits into NaN."""
