@@ -110,8 +110,8 @@ def attend_paged_context(
     K/V tile loop of the decode and the prefill kernels.
 
     Positions ``kv_start .. kv_len - 1`` are read in tiles of ``BLOCK_N`` (block-table entries
-    before ``kv_start`` are never loaded: with a sliding window they may name freed blocks); each position finds its cache
-    block through the block table (``block = table[pos // BLOCK_SIZE]``, offset
+    before ``kv_start`` are never loaded: with a sliding window they may name freed blocks); each
+    position finds its cache block through the block table (``block = table[pos // BLOCK_SIZE]``, offset
     ``pos % BLOCK_SIZE``), so a tile may span several blocks and end inside one (PagedAttention,
     Kwon et al. 2023). Per tile the scores update a running row maximum ``m``, a running sum ``l``
     of ``exp(s - m)`` and an unnormalised fp32 output, rescaled by ``exp(m_old - m_new)`` when the
@@ -163,10 +163,11 @@ def attend_paged_context(
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        if WINDOWED:  # a row that has seen nothing yet: subtract 0, not -inf (-inf - -inf is NaN)
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_sub = m_new
+        if WINDOWED:  # a row that has seen nothing yet subtracts 0, not -inf (-inf - -inf is NaN)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_sub)
+        p = tl.exp2(s - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
                     mask=kv_mask, other=0.0)

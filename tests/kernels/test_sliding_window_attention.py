@@ -74,3 +74,19 @@ def test_a_window_below_one_is_refused(device):
     loc = torch.tensor([0, 1], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="sliding_window must be >= 1 or None, got -1"):
         pf.prefill_attention(q, kc, vc, bt, loc, ctx, 1, 0.125, sliding_window=-1)
+
+
+def test_a_row_that_sees_nothing_in_its_first_key_tile_keeps_its_true_maximum(device):
+    # head_dim 128: 32-position key tiles; rows 36.. of the 64-row tile see nothing in the first.
+    # Every score is about -340 (in nats): a running maximum clamped to 0 would underflow every
+    # exponential to 0 and give zeros; the softmax is uniform over each row's 5 keys
+    kc, vc, bt = random_paged_cache([102], 1, 128, 16, torch.bfloat16, device)
+    kc = torch.full_like(kc, 3.0)
+    q = torch.full((70, 1, 128), -10.0, dtype=torch.bfloat16, device=device)
+    loc = torch.tensor([0, 70], dtype=torch.int32, device=device)
+    ctx = torch.tensor([102], dtype=torch.int32, device=device)
+    scale = 128 ** -0.5
+    out = pf.prefill_attention(q, kc, vc, bt, loc, ctx, 70, scale, sliding_window=5)
+    want = pf.prefill_attention_ref(q, kc, vc, bt, loc, ctx, 70, scale, sliding_window=5)
+    assert want.abs().sum(-1).min() > 0
+    assert_close(out, want, torch.bfloat16)
