@@ -19,6 +19,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Hashable, Optional
 
+# the block-table entry of a block a request no longer holds (it fell out of every layer's sliding
+# window, or a prefix hit never needed it); attention never reads such an entry
+NULL_BLOCK_ID = -1
+
 
 class BlockHash(tuple):
     """``(parent_hash, token_ids, extra_keys)``: compared in full, so distinct prefixes never collide."""

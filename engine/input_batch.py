@@ -158,7 +158,9 @@ class InputBatch:
     step's prompts carry none). Its row mirrors its ``block_table`` list, which the
     :class:`~weir.engine.kv_cache_manager.KVCacheManager` only appends to while the request holds
     blocks and replaces (a new list object) when it frees or forks them: a longer list adds its
-    tail to the row, another list object rewrites the row. A row is freed the first step that
+    tail to the row, another list object rewrites the row. Under a sliding window the manager also
+    sets leading entries to ``NULL_BLOCK_ID`` in place; the row keeps the old ids there until it
+    is rewritten, which is harmless because attention never reads entries before a query's window. A row is freed the first step that
     does not schedule its request (finished, preempted, aborted or out of token budget), and the
     next new request takes the lowest free row.
 

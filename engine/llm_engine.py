@@ -23,7 +23,7 @@ from weir.engine.classification import Classification
 from weir.engine.cuda_graphs import CUDAGraphMode
 from weir.engine.engine_args import EngineArgs
 from weir.engine.input_processor import InputProcessor
-from weir.engine.kv_cache_manager import KVCacheManager
+from weir.engine.kv_cache_manager import KVCacheManager, freeable_window
 from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_state_dict, load_tokenizer, resolve_model
 from weir.engine.model_runner import ModelRunner
 from weir.engine.models.llama import LlamaForCausalLM
@@ -125,7 +125,7 @@ class LLMEngine:
                                   self.cudagraph_capture_sizes, args.measure_step_gpu_time)
         self.block_pool = BlockPool(self.num_blocks, args.enable_prefix_caching)
         self.kv = KVCacheManager(self.block_pool, args.block_size, self.runner.copy_block,
-                                 extra_key=self.model_name)
+                                 extra_key=self.model_name, sliding_window=freeable_window(self.model.sliding_windows))
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len,
                                    args.scheduling_policy, args.strict_priority)
         self.structured_outputs = StructuredOutputManager(self.tokenizer, self.config.vocab_size, self.eos_token_ids)

@@ -100,16 +100,18 @@ LOG2_E = 1.4426950408889634
 
 @triton.jit
 def attend_paged_context(
-    q, q_pos, k_base, v_base, block_table_ptr, kv_len, scale_log2,
+    q, q_pos, k_base, v_base, block_table_ptr, kv_start, kv_len, window, scale_log2,
     stride_kb, stride_ks, stride_vb, stride_vs,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     """Attention of ``ROWS`` query rows to one request's paged context through one KV head: the
     K/V tile loop of the decode and the prefill kernels.
 
-    Positions ``0 .. kv_len - 1`` are read in tiles of ``BLOCK_N``; each position finds its cache
-    block through the block table (``block = table[pos // BLOCK_SIZE]``, offset
+    Positions ``kv_start .. kv_len - 1`` are read in tiles of ``BLOCK_N`` (block-table entries
+    before ``kv_start`` are never loaded: with a sliding window they may name freed blocks); each
+    position finds its cache block through the block table (``block = table[pos // BLOCK_SIZE]``, offset
     ``pos % BLOCK_SIZE``), so a tile may span several blocks and end inside one (PagedAttention,
     Kwon et al. 2023). Per tile the scores update a running row maximum ``m``, a running sum ``l``
     of ``exp(s - m)`` and an unnormalised fp32 output, rescaled by ``exp(m_old - m_new)`` when the
@@ -120,12 +122,17 @@ def attend_paged_context(
 
     Args:
         q: ``[ROWS, BLOCK_D]`` query rows (columns past ``HEAD_DIM`` zero).
-        q_pos: ``[ROWS]`` (or one for all rows) context position of each row, read only with
-            ``CAUSAL``: row ``r`` then sees positions ``<= q_pos[r]``. Every row must see position 0
-            (any causal row does), which keeps the running maximum finite from the first tile on.
+        q_pos: ``[ROWS]`` (or one for all rows) context position of each row, read with
+            ``CAUSAL`` (row ``r`` then sees positions ``<= q_pos[r]``) and ``WINDOWED``. Without
+            ``WINDOWED`` every row must see the first position read (any causal row does), which
+            keeps the running maximum finite from the first tile on; with it a row may see nothing
+            in a tile, and its maximum stays -inf without producing NaN.
         k_base, v_base: this KV head's slice of the key and value caches.
         block_table_ptr: the request's row of the block table (int32 or int64 block ids).
-        kv_len: number of context positions read; 0 reads none.
+        kv_start: the first context position read (0, or the first one inside any row's window).
+        kv_len: one past the last context position read; ``kv_start >= kv_len`` reads none.
+        window: with ``WINDOWED``, row ``r`` sees only positions ``> q_pos[r] - window`` (a sliding
+            window of ``window`` positions ending at the row's own: transformers' convention).
         scale_log2: softmax scale times ``log2(e)``.
         stride_kb, stride_ks, stride_vb, stride_vs: block and slot strides of the caches.
 
@@ -137,7 +144,7 @@ def attend_paged_context(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    for start in range(0, kv_len, BLOCK_N):
+    for start in range(kv_start, kv_len, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         p_mask = pos < kv_len
         block = tl.load(block_table_ptr + pos // BLOCK_SIZE, mask=p_mask, other=0).to(tl.int64)
@@ -149,12 +156,18 @@ def attend_paged_context(
         # s: [ROWS, BLOCK_N] fp32 scores in log2 units
         s = dot(q, tl.trans(k), UPCAST, IEEE) * scale_log2
         if CAUSAL:
-            s = tl.where(p_mask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+            visible = p_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         else:
-            s = tl.where(p_mask[None, :], s, float("-inf"))
+            visible = p_mask[None, :]
+        if WINDOWED:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_sub = m_new
+        if WINDOWED:  # a row that has seen nothing yet subtracts 0, not -inf (-inf - -inf is NaN)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_sub)
+        p = tl.exp2(s - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + block[:, None] * stride_vb + offset[:, None] * stride_vs + d[None, :],
                     mask=kv_mask, other=0.0)

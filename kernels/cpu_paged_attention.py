@@ -37,7 +37,7 @@ void paged_attention_varlen_f32(
     const float* q, float* out, const float* k_cache, const float* v_cache,
     const int64_t* block_tables, const int64_t* token_seq, const int64_t* token_ctx,
     int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-    int64_t block_size, int64_t num_blocks, int64_t max_blocks, int64_t max_ctx,
+    int64_t block_size, int64_t num_blocks, int64_t max_blocks, int64_t max_ctx, int64_t window,
     float scale, int num_threads)
 {
     const int64_t G = num_heads / num_kv_heads;
@@ -50,47 +50,54 @@ void paged_attention_varlen_f32(
         for (int64_t w = 0; w < num_tokens * num_kv_heads; ++w) {
             const int64_t t = w / num_kv_heads, h = w % num_kv_heads;
             const int64_t L = token_ctx[t];
+            // a sliding window of W keys: positions [L - W, L) only; earlier blocks are never read
+            const int64_t S = (window > 0 && L > window) ? L - window : 0;
+            const int64_t N = L - S;
             const int64_t* bt = block_tables + token_seq[t] * max_blocks;
             const float* qh = q + (t * num_heads + h * G) * D;
             const float* kh = k_cache + h * head_stride;
             const float* vh = v_cache + h * head_stride;
             float* o = out + (t * num_heads + h * G) * D;
-            for (int64_t j0 = 0; j0 < L; j0 += block_size) {
+            for (int64_t j0 = S; j0 < L; ) {
+                const int64_t off = j0 % block_size;
                 const float* kb = kh + bt[j0 / block_size] * block_size * D;
-                const int64_t n = (L - j0 < block_size) ? L - j0 : block_size;
+                const int64_t n = (L - j0 < block_size - off) ? L - j0 : block_size - off;
                 for (int64_t j = 0; j < n; ++j) {
-                    const float* kj = kb + j * D;
+                    const float* kj = kb + (off + j) * D;
                     for (int64_t g = 0; g < G; ++g) {
                         const float* qg = qh + g * D;
                         float acc = 0.f;
                         #pragma omp simd reduction(+:acc)
                         for (int64_t d = 0; d < D; ++d) acc += qg[d] * kj[d];
-                        scores[g * L + j0 + j] = acc * scale;
+                        scores[g * N + j0 - S + j] = acc * scale;
                     }
                 }
+                j0 += n;
             }
             for (int64_t g = 0; g < G; ++g) {
-                float* s = scores + g * L;
+                float* s = scores + g * N;
                 float m = -INFINITY;
-                for (int64_t j = 0; j < L; ++j) m = s[j] > m ? s[j] : m;
+                for (int64_t j = 0; j < N; ++j) m = s[j] > m ? s[j] : m;
                 float z = 0.f;
-                for (int64_t j = 0; j < L; ++j) { s[j] = expf(s[j] - m); z += s[j]; }
+                for (int64_t j = 0; j < N; ++j) { s[j] = expf(s[j] - m); z += s[j]; }
                 const float inv = 1.f / z;
-                for (int64_t j = 0; j < L; ++j) s[j] *= inv;
+                for (int64_t j = 0; j < N; ++j) s[j] *= inv;
             }
             memset(o, 0, sizeof(float) * G * D);
-            for (int64_t j0 = 0; j0 < L; j0 += block_size) {
+            for (int64_t j0 = S; j0 < L; ) {
+                const int64_t off = j0 % block_size;
                 const float* vb = vh + bt[j0 / block_size] * block_size * D;
-                const int64_t n = (L - j0 < block_size) ? L - j0 : block_size;
+                const int64_t n = (L - j0 < block_size - off) ? L - j0 : block_size - off;
                 for (int64_t j = 0; j < n; ++j) {
-                    const float* vj = vb + j * D;
+                    const float* vj = vb + (off + j) * D;
                     for (int64_t g = 0; g < G; ++g) {
-                        const float p = scores[g * L + j0 + j];
+                        const float p = scores[g * N + j0 - S + j];
                         float* og = o + g * D;
                         #pragma omp simd
                         for (int64_t d = 0; d < D; ++d) og[d] += p * vj[d];
                     }
                 }
+                j0 += n;
             }
         }
         free(scores);
@@ -153,7 +160,7 @@ def load_library() -> Optional[ctypes.CDLL]:
         lib = ctypes.CDLL(path)
         fn = lib.paged_attention_varlen_f32
         fn.restype = None
-        fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_int]
+        fn.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 9 + [ctypes.c_float, ctypes.c_int]
         _lib = lib
         return _lib
 
@@ -181,10 +188,19 @@ def _check(query, key_cache, value_cache, block_tables, token_seq, token_ctx):
         raise ValueError("token_seq and token_ctx must be [num_tokens]")
 
 
+def _window_arg(sliding_window: Optional[int]) -> int:
+    """The kernel's ``window`` argument: 0 for none. Raises ValueError below 1."""
+    if sliding_window is None:
+        return 0
+    if sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    return int(sliding_window)
+
+
 def paged_attention_varlen(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, token_seq: torch.Tensor, token_ctx: torch.Tensor, scale: float,
-    max_ctx: Optional[int] = None,
+    max_ctx: Optional[int] = None, sliding_window: Optional[int] = None,
 ) -> torch.Tensor:
     """Attention of query tokens over their contexts in the paged cache (float32, CPU).
 
@@ -199,6 +215,11 @@ def paged_attention_varlen(
             position + 1: causal).
         scale: softmax scale, usually ``head_dim ** -0.5``.
         max_ctx: ``max(token_ctx)`` when the caller knows it (saves a reduction).
+        sliding_window: None (every position) or ``W >= 1``: a token that sees ``L`` positions
+            attends to the last ``min(L, W)`` of them only, positions ``L - W .. L - 1`` (the
+            convention of transformers' sliding-window masks: key ``k`` is visible to query
+            ``q`` iff ``q - W < k <= q``). Block-table entries of blocks wholly before that range
+            are never read, so they may hold any value (a block freed from a request).
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` float32.
@@ -219,7 +240,7 @@ def paged_attention_varlen(
     lib.paged_attention_varlen_f32(
         q.data_ptr(), out.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), bt.data_ptr(),
         token_seq.data_ptr(), token_ctx.data_ptr(), q.shape[0], q.shape[1], kvh, hd, bs, nb,
-        bt.shape[1], max_ctx, float(scale), torch.get_num_threads(),
+        bt.shape[1], max_ctx, _window_arg(sliding_window), float(scale), torch.get_num_threads(),
     )
     return out
 
@@ -227,7 +248,7 @@ def paged_attention_varlen(
 def paged_attention_varlen_ref(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, token_seq: torch.Tensor, token_ctx: torch.Tensor, scale: float,
-    max_ctx: Optional[int] = None,
+    max_ctx: Optional[int] = None, sliding_window: Optional[int] = None,
 ) -> torch.Tensor:
     """Plain torch version of :func:`paged_attention_varlen` (same arguments and result), one
     token at a time in fp32, rounded to ``query``'s dtype. Slow; it is the oracle of the tests.
@@ -235,16 +256,22 @@ def paged_attention_varlen_ref(
     It is the one torch reference of attention over the paged cache: the Triton kernels'
     references (``paged_attention_decode_ref``, ``prefill_attention_ref``) map their arguments onto
     it. So it takes any float dtype and device, and ``token_ctx`` 0 gives a zero row (a decode
-    padding row: the weighted sum over no values). ``max_ctx`` is ignored.
+    padding row: the weighted sum over no values). ``max_ctx`` is ignored. With ``sliding_window``
+    it reads only the blocks holding the window's positions, as the kernel does.
     """
     kvh, _, bs, hd = key_cache.shape
     group = query.shape[1] // kvh
+    window = _window_arg(sliding_window)
     out = torch.empty_like(query)
     for t, (seq, n) in enumerate(zip(token_seq.tolist(), token_ctx.tolist())):
-        blocks = block_tables[seq, : -(-n // bs)].long()
-        # k, v: [num_heads, n, head_dim], each KV head repeated for its query heads
-        k = key_cache[:, blocks].reshape(kvh, -1, hd)[:, :n].float().repeat_interleave(group, 0)
-        v = value_cache[:, blocks].reshape(kvh, -1, hd)[:, :n].float().repeat_interleave(group, 0)
+        start = n - window if 0 < window < n else 0
+        first = start // bs
+        blocks = block_tables[seq, first: -(-n // bs)].long()
+        # k, v: [num_heads, n - start, head_dim], each KV head repeated for its query heads
+        k = key_cache[:, blocks].reshape(kvh, -1, hd)[:, start - first * bs:n - first * bs]
+        v = value_cache[:, blocks].reshape(kvh, -1, hd)[:, start - first * bs:n - first * bs]
+        k = k.float().repeat_interleave(group, 0)
+        v = v.float().repeat_interleave(group, 0)
         # s: [num_heads, 1, n], query [num_heads, 1, head_dim] against k (n = 0: the product is zeros)
         s = (query[t].float()[:, None, :] @ k.transpose(1, 2)) * scale
         out[t] = (s.softmax(-1) @ v)[:, 0].to(out.dtype)

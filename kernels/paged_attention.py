@@ -27,13 +27,13 @@ from weir.kernels.cpu_paged_attention import paged_attention_varlen_ref
 @triton.jit
 def _paged_decode_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-    scale_log2,
+    window, scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kh, stride_kb, stride_ks, stride_vh, stride_vb, stride_vs,
     stride_bt,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    WINDOWED: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     # int64 ids: kv_head * stride_kh passes 2**31 with a cache of a few tens of GB per layer
     seq = tl.program_id(0).to(tl.int64)
@@ -49,14 +49,18 @@ def _paged_decode_kernel(
     q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
 
-    # the query is the context's last position, so it sees all of it: no causal mask
+    # the query is the context's last position, so it sees all of it (or, with a sliding window,
+    # the last `window` positions, which are then the only ones read): no causal mask
+    kv_start = 0
+    if WINDOWED:
+        kv_start = tl.maximum(ctx_len - window, 0)
     # out: [BLOCK_G, BLOCK_D] fp32
     out = attend_paged_context(
         q, ctx_len - 1, k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
-        block_tables_ptr + seq * stride_bt, ctx_len, scale_log2,
+        block_tables_ptr + seq * stride_bt, kv_start, ctx_len, window, scale_log2,
         stride_kb, stride_ks, stride_vb, stride_vs,
         ROWS=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
-        CAUSAL=False, UPCAST=UPCAST, IEEE=IEEE,
+        CAUSAL=False, WINDOWED=False, UPCAST=UPCAST, IEEE=IEEE,
     )
     tl.store(out_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
@@ -71,7 +75,7 @@ def _check_args(query, key_cache, value_cache, block_tables, context_lens, out):
 def paged_attention_decode(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new query token per request to that request's cached context (Triton).
 
@@ -87,15 +91,21 @@ def paged_attention_decode(
             key/value included (already written to the cache). 0 gives a zero output row.
         scale: softmax scale, usually ``head_dim ** -0.5``.
         out: optional ``[num_seqs, num_heads, head_dim]`` output tensor (same dtype as ``query``).
+        sliding_window: None, or ``W >= 1``: the query sees only the last ``W`` positions of its
+            context (transformers' sliding-window convention), and block-table entries before
+            them are never read.
 
     Returns:
         ``out`` (or a new tensor): ``[num_seqs, num_heads, head_dim]`` in ``query``'s dtype;
         scores, softmax and the weighted sum accumulate in fp32.
 
     Raises:
-        ValueError: a shape, dtype, device or stride does not match the above.
+        ValueError: a shape, dtype, device or stride does not match the above, or
+            ``sliding_window < 1``.
     """
     _check_args(query, key_cache, value_cache, block_tables, context_lens, out)
+    check(sliding_window is None or sliding_window >= 1,
+          f"sliding_window must be >= 1 or None, got {sliding_window}")
     if out is None:
         out = torch.empty_like(query)
     num_seqs, num_heads, head_dim = query.shape
@@ -105,14 +115,14 @@ def paged_attention_decode(
         return out
     _paged_decode_kernel[(num_seqs, num_kv_heads)](
         out, query, key_cache, value_cache, block_tables, context_lens,
-        scale * LOG2_E,
+        sliding_window or 0, scale * LOG2_E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
         QUERIES_PER_KV=qpk, HEAD_DIM=head_dim,
         BLOCK_G=max(16, triton.next_power_of_2(qpk)), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size, BLOCK_N=max(64, block_size),
+        BLOCK_SIZE=block_size, BLOCK_N=max(64, block_size), WINDOWED=sliding_window is not None,
         UPCAST=interpreting(), IEEE=query.dtype == torch.float32,
         num_warps=4,
     )
@@ -122,10 +132,11 @@ def paged_attention_decode(
 def paged_attention_decode_ref(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Plain torch version of :func:`paged_attention_decode` (same arguments and result): request
-    ``i``'s query is one token that sees its ``context_lens[i]`` positions, computed by
+    ``i``'s query is one token that sees its ``context_lens[i]`` positions (the last
+    ``sliding_window`` of them with a window), computed by
     :func:`weir.kernels.cpu_paged_attention.paged_attention_varlen_ref` in fp32. Slow; it is the
     oracle of the tests."""
     _check_args(query, key_cache, value_cache, block_tables, context_lens, out)
@@ -133,5 +144,5 @@ def paged_attention_decode_ref(
         out = torch.empty_like(query)
     token_seq = torch.arange(query.shape[0])
     out.copy_(paged_attention_varlen_ref(query, key_cache, value_cache, block_tables, token_seq,
-                                         context_lens, scale))
+                                         context_lens, scale, sliding_window=sliding_window))
     return out

@@ -29,13 +29,13 @@ from weir.kernels.cpu_paged_attention import paged_attention_varlen_ref
 @triton.jit
 def _prefill_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, context_lens_ptr,
-    scale_log2,
+    window, scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kh, stride_kb, stride_ks, stride_vh, stride_vb, stride_vs,
     stride_bt,
     QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr,
 ):
     tile = tl.program_id(0)
     seq = tl.program_id(1)
@@ -59,13 +59,18 @@ def _prefill_kernel(
     # keys past the tile's last query are masked for every row; an idle tile runs no iteration
     kv_end = tl.minimum(ctx_len, prefix_len + (tile + 1) * BLOCK_M)
     kv_end = tl.where(tile * BLOCK_M < q_len, kv_end, 0)
+    # with a sliding window, keys before the tile's first query's window are masked for every row
+    # (and never read: their blocks may have been freed)
+    kv_start = 0
+    if WINDOWED:
+        kv_start = tl.maximum(prefix_len + tile * BLOCK_M - window + 1, 0)
     # out: [BLOCK_M, BLOCK_D] fp32, causal within the context
     out = attend_paged_context(
         q, q_pos, k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
-        block_tables_ptr + seq * stride_bt, kv_end, scale_log2,
+        block_tables_ptr + seq * stride_bt, kv_start, kv_end, window, scale_log2,
         stride_kb, stride_ks, stride_vb, stride_vs,
         ROWS=BLOCK_M, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
-        CAUSAL=True, UPCAST=UPCAST, IEEE=IEEE,
+        CAUSAL=True, WINDOWED=WINDOWED, UPCAST=UPCAST, IEEE=IEEE,
     )
     tl.store(out_ptr + (q_start + m)[:, None].to(tl.int64) * stride_ot + head * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -84,7 +89,7 @@ def _check_args(query, key_cache, value_cache, block_tables, query_start_loc, co
 def prefill_attention(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
-    max_query_len: int, scale: float, out: torch.Tensor | None = None,
+    max_query_len: int, scale: float, out: torch.Tensor | None = None, sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed variable-length query chunks to their paged context (Triton).
 
@@ -105,14 +110,20 @@ def prefill_attention(
         max_query_len: the longest chunk (a host int: it sizes the grid without reading the GPU).
         scale: softmax scale, usually ``head_dim ** -0.5``.
         out: optional ``[num_tokens, num_heads, head_dim]`` output (same dtype as ``query``).
+        sliding_window: None, or ``W >= 1``: the row at position ``p`` sees only positions
+            ``p - W + 1 .. p`` (transformers' sliding-window convention); block-table entries
+            wholly before the first row's window are never read.
 
     Returns:
         ``out`` (or a new tensor) in ``query``'s dtype; accumulation in fp32.
 
     Raises:
-        ValueError: a shape, dtype, device or stride does not match the above.
+        ValueError: a shape, dtype, device or stride does not match the above, or
+            ``sliding_window < 1``.
     """
     _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out)
+    check(sliding_window is None or sliding_window >= 1,
+          f"sliding_window must be >= 1 or None, got {sliding_window}")
     if out is None:
         out = torch.empty_like(query)
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -125,14 +136,14 @@ def prefill_attention(
     grid = (triton.cdiv(max_query_len, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
         out, query, key_cache, value_cache, block_tables, query_start_loc, context_lens,
-        scale * LOG2_E,
+        sliding_window or 0, scale * LOG2_E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0),
         QUERIES_PER_KV=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=max(64 if block_d <= 64 else 32, block_size),
-        UPCAST=interpreting(), IEEE=query.dtype == torch.float32, num_warps=4,
+        WINDOWED=sliding_window is not None, UPCAST=interpreting(), IEEE=query.dtype == torch.float32, num_warps=4,
     )
     return out
 
@@ -140,10 +151,11 @@ def prefill_attention(
 def prefill_attention_ref(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
     block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
-    max_query_len: int, scale: float, out: torch.Tensor | None = None,
+    max_query_len: int, scale: float, out: torch.Tensor | None = None, sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Plain torch version of :func:`prefill_attention` (same arguments and result): row ``j`` of
-    request ``i``'s chunk sees ``context_lens[i] - query_len + j + 1`` positions, computed by
+    request ``i``'s chunk sees ``context_lens[i] - query_len + j + 1`` positions (the last
+    ``sliding_window`` of them with a window), computed by
     :func:`weir.kernels.cpu_paged_attention.paged_attention_varlen_ref` in fp32. Slow; it is the
     oracle of the tests."""
     _check_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, out)
@@ -159,5 +171,6 @@ def prefill_attention_ref(
     if rows:
         rows = torch.tensor(rows, device=query.device)
         out[rows] = paged_attention_varlen_ref(query[rows], key_cache, value_cache, block_tables,
-                                               torch.tensor(token_seq), torch.tensor(token_ctx), scale)
+                                               torch.tensor(token_seq), torch.tensor(token_ctx), scale,
+                                               sliding_window=sliding_window)
     return out

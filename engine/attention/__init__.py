@@ -13,7 +13,12 @@ Every backend has the same interface:
 - ``build_metadata(StepInputs)``: once per step, whatever the backend derives from the step's
   common fields (masks, per-token rows, views);
 - ``write_kv(key, value, key_cache, value_cache, metadata)`` and
-  ``forward(query, key, value, key_cache, value_cache, metadata, scale)``: once per layer.
+  ``forward(query, key, value, key_cache, value_cache, metadata, scale, sliding_window=None)``:
+  once per layer. ``sliding_window`` is the layer's: None for global attention, or ``W >= 1``, and
+  then the query at position ``p`` sees the keys at ``p - W + 1 .. p`` (transformers' sliding-window
+  convention, Mistral's and Gemma 3's alike). Block-table entries of blocks wholly before every
+  query's window are never read: the KV cache manager may have freed those blocks (their entries
+  then hold ``weir.engine.block_pool.NULL_BLOCK_ID``).
 """
 
 from __future__ import annotations

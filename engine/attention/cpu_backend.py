@@ -52,7 +52,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def build_metadata(self, inputs: StepInputs) -> CpuAttentionMetadata:
         loc, seq_lens = inputs.query_start_loc_cpu, inputs.seq_lens_cpu
-        meta = CpuAttentionMetadata(inputs.slot_mapping, inputs.num_actual_tokens)
+        meta = CpuAttentionMetadata(inputs.slot_mapping, inputs.num_actual_tokens, inputs=inputs)
         # the kernel's requests: decodes, then chunks over a prefix while they are short
         end = inputs.num_decodes
         while end < inputs.num_reqs:
@@ -80,6 +80,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         key_cache: torch.Tensor, value_cache: torch.Tensor, meta: CpuAttentionMetadata, scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         """Same arguments and result as :meth:`TorchAttentionBackend.forward` (float32 CPU tensors)."""
         from weir.kernels.cpu_paged_attention import paged_attention_varlen
@@ -88,6 +89,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         v = meta.varlen
         if v is not None:
             out[:v.num_tokens] = paged_attention_varlen(query[:v.num_tokens], key_cache, value_cache,
-                                                        v.block_table, v.token_seq, v.token_ctx, scale, v.max_ctx)
-        self._forward_torch(out, query, key, value, key_cache, value_cache, meta, scale)
+                                                        v.block_table, v.token_seq, v.token_ctx, scale, v.max_ctx,
+                                                        sliding_window=sliding_window)
+        self._forward_torch(out, query, key, value, key_cache, value_cache, meta, scale, sliding_window)
         return out

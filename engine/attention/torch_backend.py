@@ -34,7 +34,7 @@ class DecodeBatch:
 
 @dataclass
 class ContextPrefillBatch:
-    """Prefill chunks over a cached prefix, run as one padded SDPA call.
+    """Prefill chunks over a cached prefix (rows ``[first, end)``), run as one padded SDPA call.
 
     Attributes:
         rows: ``[num_seqs, max_query_len]`` int64 packed-step row of each query (padding: 0).
@@ -44,8 +44,29 @@ class ContextPrefillBatch:
             position p sees positions ``<= p + i``; padding queries see position 0 only.
     """
 
+    first: int
+    end: int
     rows: torch.Tensor
     valid: torch.Tensor
+    block_table: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
+class WindowedContext:
+    """What a sliding-window layer reads for a group of rows: from each row's block table only the
+    blocks from the first one its window reaches (block-table entries before it, which may name
+    freed blocks, are never indexed), and the band mask over those blocks' positions.
+
+    Attributes:
+        block_table: ``[num_seqs, num_cols]`` int64, the block ids of each row's
+            ``first_block .. first_block + num_cols - 1`` (past a row's context: the table's
+            padding, masked).
+        mask: ``[num_seqs, 1, max_query_len, num_cols * block_size]`` bool: key at position ``k``
+            is visible to the query at position ``q`` iff ``q - window < k <= q``; padding queries
+            see what the row's first query sees.
+    """
+
     block_table: torch.Tensor
     mask: torch.Tensor
 
@@ -59,6 +80,9 @@ class TorchAttentionMetadata:
         decodes: the decode rows, or None.
         context_prefills: the chunks over a cached prefix, or None.
         prefills: ``(query_start, query_len)`` of each fresh prompt chunk.
+        inputs: the step's inputs, read when a sliding-window layer first asks for its window.
+        windowed: per window size, the :class:`WindowedContext` of the decodes and of the chunks
+            over a prefix (None where there are none), built by the first layer with that window.
     """
 
     slot_mapping: torch.Tensor
@@ -66,6 +90,8 @@ class TorchAttentionMetadata:
     decodes: DecodeBatch | None = None
     context_prefills: ContextPrefillBatch | None = None
     prefills: list[tuple[int, int]] = field(default_factory=list)
+    inputs: StepInputs | None = None
+    windowed: dict[int, tuple[WindowedContext | None, WindowedContext | None]] = field(default_factory=dict)
 
 
 def write_kv_cache(
@@ -104,7 +130,7 @@ class TorchAttentionBackend:
 
     def build_metadata(self, inputs: StepInputs) -> TorchAttentionMetadata:
         """Masks and row lists of one step, from its common fields (decodes from row 0)."""
-        meta = TorchAttentionMetadata(inputs.slot_mapping, inputs.num_actual_tokens)
+        meta = TorchAttentionMetadata(inputs.slot_mapping, inputs.num_actual_tokens, inputs=inputs)
         nd = inputs.num_decodes
         if nd:
             meta.decodes = self._decode_batch(inputs, 0, nd)
@@ -147,8 +173,43 @@ class TorchAttentionBackend:
         q_pos = torch.tensor(prefix_lens, device=dev)[:, None] + torch.arange(max_q, device=dev)[None, :]
         q_pos = torch.where(valid_t, q_pos, 0)
         mask = torch.arange(max_seq_len, device=dev)[None, None, :] <= q_pos[:, :, None]
-        return ContextPrefillBatch(torch.tensor(rows, dtype=torch.long, device=dev), valid_t,
+        return ContextPrefillBatch(first, end, torch.tensor(rows, dtype=torch.long, device=dev), valid_t,
                                    inputs.block_table[first:end], mask[:, None])
+
+    @staticmethod
+    def _windowed_context(inputs: StepInputs, first: int, end: int, window: int,
+                          block_size: int) -> WindowedContext:
+        """The :class:`WindowedContext` of rows ``[first, end)`` of the step."""
+        loc, seq_lens = inputs.query_start_loc_cpu, inputs.seq_lens_cpu
+        dev = inputs.seq_lens.device
+        query_lens = [loc[i + 1] - loc[i] for i in range(first, end)]
+        prefix_lens = [seq_lens[i] - n for i, n in zip(range(first, end), query_lens)]
+        first_blocks = [max(p - window + 1, 0) // block_size for p in prefix_lens]
+        num_cols = max(-(-seq_lens[i] // block_size) - b for i, b in zip(range(first, end), first_blocks))
+        width = inputs.block_table.shape[1]
+        first_t = torch.tensor(first_blocks, device=dev)[:, None]
+        cols = (first_t + torch.arange(num_cols, device=dev)[None, :]).clamp(max=width - 1)
+        table = inputs.block_table[first:end].gather(1, cols)
+        max_q = max(query_lens)
+        # q_pos: [num_seqs, max_q], padding queries at the row's first query; k_pos: [num_seqs, L]
+        steps = torch.arange(max_q, device=dev)[None, :]
+        q_pos = torch.tensor(prefix_lens, device=dev)[:, None] + steps
+        q_pos = torch.where(steps < torch.tensor(query_lens, device=dev)[:, None], q_pos, q_pos[:, :1])
+        k_pos = first_t * block_size + torch.arange(num_cols * block_size, device=dev)[None, :]
+        mask = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_pos[:, None, :] > q_pos[:, :, None] - window)
+        return WindowedContext(table, mask[:, None])
+
+    @staticmethod
+    def _window(meta: TorchAttentionMetadata, window: int, block_size: int):
+        """``(decodes, context_prefills)`` windowed contexts of the step, built once per window."""
+        if window not in meta.windowed:
+            d, c = meta.decodes, meta.context_prefills
+            build = TorchAttentionBackend._windowed_context
+            meta.windowed[window] = (
+                None if d is None else build(meta.inputs, d.first, d.first + d.num_seqs, window, block_size),
+                None if c is None else build(meta.inputs, c.first, c.end, window, block_size),
+            )
+        return meta.windowed[window]
 
     @staticmethod
     def write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -163,6 +224,7 @@ class TorchAttentionBackend:
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         key_cache: torch.Tensor, value_cache: torch.Tensor, meta: TorchAttentionMetadata, scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         """Causal attention of one packed step, reading context through the paged cache.
 
@@ -173,28 +235,36 @@ class TorchAttentionBackend:
             key_cache, value_cache: ``[num_kv_heads, num_blocks, block_size, head_dim]``.
             meta: from :meth:`build_metadata`.
             scale: softmax scale, usually ``head_dim ** -0.5``.
+            sliding_window: None (global attention), or ``W >= 1``: the query at position ``p``
+                sees keys at positions ``p - W + 1 .. p`` only (transformers' convention), and
+                block-table entries of blocks wholly before that are never read.
 
         Returns:
             ``[num_tokens, num_heads, head_dim]``, same dtype as ``query``.
         """
         out = torch.empty_like(query)
-        self._forward_torch(out, query, key, value, key_cache, value_cache, meta, scale)
+        self._forward_torch(out, query, key, value, key_cache, value_cache, meta, scale, sliding_window)
         return out
 
     @staticmethod
     def _forward_torch(out, query, key, value, key_cache, value_cache, meta: TorchAttentionMetadata,
-                       scale: float) -> None:
+                       scale: float, sliding_window: int | None = None) -> None:
         num_heads, head_dim = query.shape[1], query.shape[2]
         kvh = key.shape[1]
         gqa = kvh != num_heads
+        window_decodes = window_context = None
+        if sliding_window is not None:
+            window_decodes, window_context = TorchAttentionBackend._window(meta, sliding_window, key_cache.shape[2])
         if meta.context_prefills is not None:
             c = meta.context_prefills
-            max_seq_len = c.mask.shape[-1]
+            table, mask = (c.block_table, c.mask) if window_context is None else (
+                window_context.block_table, window_context.mask)
+            max_seq_len = mask.shape[-1]
             # q: [num_seqs, num_heads, max_query_len, head_dim]; k/v: [num_seqs, kvh, max_seq_len, head_dim]
             q = query[c.rows].permute(0, 2, 1, 3)
-            k = gather_context(key_cache, c.block_table, max_seq_len)
-            v = gather_context(value_cache, c.block_table, max_seq_len)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=c.mask, scale=scale, enable_gqa=gqa)
+            k = gather_context(key_cache, table, max_seq_len)
+            v = gather_context(value_cache, table, max_seq_len)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
             out[c.rows[c.valid]] = o.permute(0, 2, 1, 3)[c.valid]
         d = meta.decodes
         if d is not None:
@@ -202,16 +272,24 @@ class TorchAttentionBackend:
             # copy of the keys/values per query head.
             # q: [num_seqs, num_kv_heads, heads_per_kv, head_dim]; k/v: [num_seqs, kvh, max_seq_len, head_dim]
             s, n = d.first, d.num_seqs
+            table, mask = (d.block_table, d.mask) if window_decodes is None else (
+                window_decodes.block_table, window_decodes.mask)
             q = query[s:s + n].view(n, kvh, num_heads // kvh, head_dim)
-            max_seq_len = d.mask.shape[-1]
-            k = gather_context(key_cache, d.block_table, max_seq_len)
-            v = gather_context(value_cache, d.block_table, max_seq_len)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale)
+            max_seq_len = mask.shape[-1]
+            k = gather_context(key_cache, table, max_seq_len)
+            v = gather_context(value_cache, table, max_seq_len)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             out[s:s + n] = o.reshape(n, num_heads, head_dim)
         for s, n in meta.prefills:
             # q: [1, num_heads, n, head_dim]; k/v: [1, num_kv_heads, n, head_dim]
             q = query[s:s + n].transpose(0, 1).unsqueeze(0)
             k = key[s:s + n].transpose(0, 1).unsqueeze(0)
             v = value[s:s + n].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+            if sliding_window is None or sliding_window >= n:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+            else:
+                # band: key j visible to query i iff i - W < j <= i
+                pos = torch.arange(n, device=q.device)
+                band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - sliding_window)
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=band, scale=scale, enable_gqa=gqa)
             out[s:s + n] = o.squeeze(0).transpose(0, 1)

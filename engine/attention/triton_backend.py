@@ -68,8 +68,9 @@ class TritonAttentionBackend:
     def forward(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         key_cache: torch.Tensor, value_cache: torch.Tensor, meta: TritonAttentionMetadata, scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
-        """Same arguments and result as ``TorchAttentionBackend.forward``."""
+        """Same arguments and result as ``TorchAttentionBackend.forward`` (``sliding_window`` included)."""
         from weir.kernels.paged_attention import paged_attention_decode
         from weir.kernels.prefill_attention import prefill_attention
 
@@ -77,9 +78,9 @@ class TritonAttentionBackend:
         nd = meta.num_decodes
         if nd:
             paged_attention_decode(query[:nd], key_cache, value_cache, meta.decode_block_table,
-                                   meta.decode_seq_lens, scale, out=out[:nd])
+                                   meta.decode_seq_lens, scale, out=out[:nd], sliding_window=sliding_window)
         if meta.max_query_len:
             prefill_attention(query, key_cache, value_cache, meta.prefill_block_table,
                               meta.prefill_query_start_loc, meta.prefill_seq_lens, meta.max_query_len,
-                              scale, out=out)
+                              scale, out=out, sliding_window=sliding_window)
         return out

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from weir.engine.models.sliding_window import layer_sliding_windows
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32, optionally after the
@@ -98,6 +100,7 @@ class LlamaDecoderLayer(nn.Module):
         # the torch ops, or the Triton kernels once LlamaForCausalLM.use_kernels(True) swaps them in
         self.rotary = apply_rotary
         self.act = silu_and_mul
+        self.sliding_window: int | None = None  # the model sets it from the config; None: global
 
     def forward(self, x, residual, positions, cos, sin, key_cache, value_cache, attn_backend,
                 attn_metadata):
@@ -138,7 +141,8 @@ class LlamaDecoderLayer(nn.Module):
         """Write the new keys/values to the cache, then attend. Returns
         ``[num_tokens, num_heads, head_dim]``."""
         attn_backend.write_kv(k, v, key_cache, value_cache, attn_metadata)
-        return attn_backend.forward(q, k, v, key_cache, value_cache, attn_metadata, self.scale)
+        return attn_backend.forward(q, k, v, key_cache, value_cache, attn_metadata, self.scale,
+                                    sliding_window=self.sliding_window)
 
     def post_attention(self, o, residual):
         """o_proj, post-attention norm (after the residual add) and the SwiGLU MLP. ``o``:
@@ -155,6 +159,10 @@ class LlamaForCausalLM(nn.Module):
         config: a transformers ``LlamaConfig``/``MistralConfig``/``Qwen2Config``.
         dtype: weight and activation dtype.
         max_positions: RoPE table length (>= max_model_len).
+
+    Raises:
+        ValueError: the config asks for a sliding window the engine cannot honour
+            (:func:`~weir.engine.models.sliding_window.layer_sliding_windows`).
     """
 
     def __init__(self, config, dtype: torch.dtype, max_positions: int):
@@ -164,6 +172,10 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             [LlamaDecoderLayer(config, dtype) for _ in range(config.num_hidden_layers)]
         )
+        # per layer: its sliding window in tokens, or None (global); the KV cache manager reads it
+        self.sliding_windows = layer_sliding_windows(config)
+        for layer, window in zip(self.layers, self.sliding_windows):
+            layer.sliding_window = window
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:

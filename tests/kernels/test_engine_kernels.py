@@ -10,7 +10,7 @@ import torch
 from weir.engine import LLM, SamplingParams
 from weir.engine.attention import TritonAttentionBackend
 from tests.conftest import hf_greedy
-from tests.engine.test_attention_backends import run_backend
+from tests.engine.test_attention_backends import NAN_BLOCK, WINDOW, run_backend, windowed_step
 from tests.engine.test_llm_tiny import prompts, shared_prefix_prompts
 from tests.kernels.support import import_kernel
 
@@ -55,6 +55,13 @@ def kernel_llm(path, **kw):
 
 def test_triton_backend_output_equals_naive_softmax():
     out, want = run_backend(TritonAttentionBackend(), 8)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_triton_backend_with_a_window_equals_naive_softmax_and_never_reads_blocks_before_it():
+    out, want = run_backend(TritonAttentionBackend(), 8, sched=windowed_step(8), num_blocks=20, window=WINDOW,
+                            nan_block=NAN_BLOCK)
+    assert not want.isnan().any()
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
 
 
@@ -118,3 +125,29 @@ def test_piecewise_and_full_graphs_equal_transformers_and_count_each_mode(tiny_l
     }
     assert all(stats[f"forward_host_time_s_{m}"] > 0 for m in ("cudagraph_full", "cudagraph_piecewise", "eager"))
     assert not any(k.startswith("forward_gpu_time_s") for k in stats)  # CUDA events only when asked, on CUDA
+
+
+def test_kernel_path_with_a_window_equals_transformers(tmp_path, monkeypatch):
+    """A tiny Mistral with a window of 20 on the Triton backend: chunked prefill over a context,
+    decodes through padded static batches (graphs replayed eagerly), prefix hits the second time,
+    blocks before the window freed as it slides."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from weir.engine.cuda_graphs import DecodeGraphs
+    from tests.engine.test_sliding_window import save_random, window_prompts
+
+    hf = save_random(tmp_path, MistralConfig, MistralForCausalLM, sliding_window=20)
+    ps = [window_prompts()[i] for i in (0, 3, 6, 8)]  # 40 and 58 tokens, two sharing 37
+    want = [hf_greedy(hf, p, GREEDY.max_tokens, eos_token_id=2) for p in ps]
+    llm = kernel_llm(str(tmp_path), max_num_batched_tokens=16, max_num_seqs=4)
+    runner = llm.llm_engine.runner
+    runner.graphs = DecodeGraphs(llm.llm_engine.model, runner.attn_backend, runner.kv_caches, 4, 16, 16,
+                                 torch.device("cpu"), capture=False)
+    replayed = []
+    replay = runner.graphs.replay
+    monkeypatch.setattr(runner.graphs, "replay", lambda step: replayed.append(step.num_reqs) or replay(step))
+    assert [o.outputs[0].token_ids for o in llm.generate(ps, GREEDY)] == want
+    assert 4 in replayed
+    again = llm.generate(ps[2:], GREEDY)
+    assert [o.outputs[0].token_ids for o in again] == want[2:]
+    assert all(o.num_cached_tokens >= 32 for o in again)
