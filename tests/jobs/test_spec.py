@@ -126,9 +126,10 @@ def test_an_unknown_spec_name_lists_the_shipped_specs():
 
 
 def test_enrich_help_names_the_shipped_specs():
-    from weir.cli import _shipped_spec_names, build_parser
+    from weir.cli import build_parser
+    from weir.jobs.catalog.commands import shipped_spec_names
 
-    assert _shipped_spec_names() == shipped_specs()
+    assert shipped_spec_names() == shipped_specs()
     enrich = build_parser()._subparsers._group_actions[0].choices["enrich"]
     spec_help = next(a.help for a in enrich._actions if "--spec" in a.option_strings)
     assert spec_help.startswith("job spec (TOML file, or a shipped spec: bigbasket, flipkart); ")
