@@ -10,7 +10,10 @@ so the core imports no application, as Celery finds its extensions and pytest it
   transaction that stores results (the catalog's ``product_enrichment`` rows);
 - :data:`POST_RUN_POLICIES`: a :class:`PostRunPolicy`, asked by the worker once a generation has
   run whether to run it once more (the catalog's description retry);
-- :data:`SWEEP_RULES`: a :class:`SweepRule`, run by every sweep (OpenAI batch expiry).
+- :data:`SWEEP_RULES`: a :class:`SweepRule`, run by every sweep (OpenAI batch expiry);
+- :data:`TASKS`: a module of Celery tasks the worker imports (the catalog's nightly task);
+- :data:`BEAT_SCHEDULES`: a function of the settings returning entries of Celery's
+  ``beat_schedule`` (the catalog's nightly run).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ COMMANDS = "weir.commands"
 RESULT_PROJECTIONS = "weir.result_projections"
 POST_RUN_POLICIES = "weir.post_run_policies"
 SWEEP_RULES = "weir.sweep_rules"
+TASKS = "weir.tasks"
+BEAT_SCHEDULES = "weir.beat_schedules"
 
 
 class ResultProjection(Protocol):
@@ -78,3 +83,9 @@ def load_each(group: str) -> dict[str, Any]:
         except Exception:
             logger.exception("%s entry point %s (%s) cannot be loaded", group, ep.name, ep.value)
     return found
+
+
+def task_modules() -> list[str]:
+    """The modules of the applications' Celery tasks (:data:`TASKS`), by name, for Celery's
+    ``include`` (imported when a worker starts, not here)."""
+    return [ep.value for ep in sorted(entry_points(group=TASKS), key=lambda ep: ep.name)]

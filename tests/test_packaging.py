@@ -150,9 +150,9 @@ def test_the_repository_root_on_sys_path_does_not_shadow_an_installed_kernels_di
     assert out.stdout.split()[:2] in (["distribution", "True"], ["refused", "False"]), out.stdout
 
 
-APPLICATIONS = ("weir.jobs.openai_batch",)
-"""Packages that meet the core only through its seams (entry points: ``weir.commands``,
-``weir.sweep_rules``); the core imports none of them."""
+APPLICATIONS = ("weir.jobs.openai_batch", "weir.jobs.catalog")
+"""Packages that meet the core only through its seams (the entry-point groups of
+:mod:`weir.jobs.applications`); the core imports none of them."""
 
 
 def _imported_names(path: str, package: str) -> set[str]:

@@ -107,7 +107,10 @@ def delivery_conf(settings: Settings) -> dict:
 
 def make_app(settings: Settings) -> Celery:
     """Build the Celery app for ``settings`` (broker, queue, delivery guarantees, beat schedule)."""
-    app = Celery("weir", broker=settings.worker.broker_url or EMBEDDED_BROKER_URL, include=["weir.worker.tasks"])
+    from weir.jobs import applications
+
+    app = Celery("weir", broker=settings.worker.broker_url or EMBEDDED_BROKER_URL,
+                 include=["weir.worker.tasks", *applications.task_modules()])
     app.conf.update(
         **delivery_conf(settings),
         broker_connection_max_retries=None,  # a worker outlives any broker restart

@@ -3,7 +3,8 @@
 ``run_job`` hands one delivery to :func:`weir.worker.attempt.run_attempt` (claim, run, store) and maps
 its outcome onto Celery: return (ack), ``Reject(requeue=True)`` (back to the queue) or
 ``retry`` (published again after a backoff). Logic lives in ``weir.worker.attempt``, ``weir.jobs.store``
-(database), ``weir.worker.runtime`` (engine) and ``weir.jobs.catalog.enrichment`` (enrichment batches).
+(database) and ``weir.worker.runtime`` (engine). The applications' own tasks (the catalog's
+nightly run) are in their packages (:data:`weir.jobs.applications.TASKS`).
 """
 
 from __future__ import annotations
@@ -120,36 +121,3 @@ def sweep() -> int:
         return client.sweep()
     finally:
         client.close()
-
-
-@app.task(name=names.ENRICH_CATALOG)
-def enrich_catalog(catalog_path: str, slot: str | None = None, spec: str | None = None) -> None:
-    """Enqueue the enrichment batch of the catalog at ``catalog_path``, read and prompted as the
-    job spec ``spec`` says (a TOML file or a shipped spec's name; None: the default spec), for one
-    scheduled slot (the nightly beat entry). Incremental: only the products that are new, changed
-    or not fully enriched yet (:func:`weir.jobs.catalog.plan_enrichment`) are enqueued. One batch per catalog and slot, whatever beats or redeliveries
-    happen: the batch's idempotency key is the catalog's absolute path and the slot, the latest
-    ``WEIR_CATALOG_SCHEDULE`` time at or before the task's start (or ``slot``, an ISO time). The
-    task runs on the control queue, so it starts within seconds of the beat, not behind a backlog.
-    """
-    from weir.jobs.catalog.enrichment import enqueue_catalog, plan_enrichment, read_catalog
-    from weir.jobs.client import Client
-    from weir.jobs.db import utcnow
-    from weir.jobs.catalog.spec import load_spec
-    from weir.worker.beat import nightly_key, schedule_slot
-
-    settings = get_settings()
-    if slot is None:
-        slot = schedule_slot(settings.worker.catalog_schedule, utcnow()).isoformat()
-    key = nightly_key(catalog_path, slot)
-    catalog = read_catalog(catalog_path, load_spec(spec))
-    client = Client(settings)
-    try:
-        plan = plan_enrichment(client.session_factory, catalog, client.model)
-        batch_id = enqueue_catalog(client, catalog, idempotency_key=key, plan=plan)
-    finally:
-        client.close()
-    logger.info("catalog %s (spec %s), slot %s: enrichment batch %s (%d new, %d changed, %d unchanged products)",
-                catalog_path, spec or "default", slot, batch_id or "none, nothing to enrich", plan.num_new,
-                plan.num_changed, plan.num_unchanged)
-

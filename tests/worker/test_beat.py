@@ -3,7 +3,8 @@ from celery.schedules import crontab
 
 from weir.jobs import names
 from weir.config import EngineSettings, Settings, WorkerSettings
-from weir.worker.beat import NIGHTLY_ENRICHMENT, SWEEP, beat_schedule, cron
+from weir.jobs.catalog.nightly import NIGHTLY_ENRICHMENT
+from weir.worker.beat import SWEEP, beat_schedule, cron
 
 
 def test_without_a_catalog_only_the_sweeper_runs():
@@ -39,7 +40,7 @@ def test_cron_needs_five_fields():
 def test_the_nightly_slot_is_the_latest_firing_at_or_before_now():
     from datetime import datetime, timezone
 
-    from weir.worker.beat import nightly_key, schedule_slot
+    from weir.jobs.catalog.nightly import nightly_key, schedule_slot
 
     at = datetime(2026, 12, 1, 8, 3, 59, tzinfo=timezone.utc)  # a Tuesday
     assert schedule_slot("0 2 * * *", at) == datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc)
