@@ -204,3 +204,75 @@ def test_the_application_check_sees_an_import_of_one(tmp_path, monkeypatch):
     (folder / "client.py").write_text("def f():\n    from weir.jobs import openai_batch\n")
     monkeypatch.setattr(sys.modules[__name__], "_package_folders", lambda: {"weir.jobs": str(folder)})
     assert core_imports_of_applications() == [f"{os.path.relpath(folder / 'client.py', REPO_ROOT)}: weir.jobs.openai_batch"]
+
+
+def _module_files() -> dict[str, str]:
+    """Every installed module's file, by its dotted name."""
+    files = {}
+    for package, folder in _package_folders().items():
+        for name in os.listdir(folder):
+            if name.endswith(".py"):
+                files[package if name == "__init__.py" else f"{package}.{name[:-3]}"] = os.path.join(folder, name)
+    return files
+
+
+def import_cycles(files: dict[str, str]) -> list[list[str]]:
+    """The cycles of the graph of module-level imports between ``files`` (dotted name -> path;
+    imports inside functions are taken when called, so they close no cycle at import time):
+    each strongly connected component of more than one module, sorted."""
+    import ast
+
+    graph = {}
+    for module, path in files.items():
+        package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+        with open(path, encoding="utf-8") as f:
+            body = ast.parse(f.read(), path).body
+        nodes = [n for node in body for n in ([node] + (node.body if isinstance(node, ast.If) else []))]
+        names = set()
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                    + ([node.module] if node.module else []))
+                names.add(base)
+                names.update(f"{base}.{alias.name}" for alias in node.names)
+        graph[module] = sorted(n for n in names if n in files and n != module)
+    order, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_the_module_level_import_graph_has_no_cycle(tmp_path):
+    assert import_cycles(_module_files()) == []
+    # the check can fail: two modules importing each other at module level are a cycle
+    (tmp_path / "a.py").write_text("from weir.x import b\n")
+    (tmp_path / "b.py").write_text("import weir.x.a\n")
+    assert import_cycles({"weir.x.a": str(tmp_path / "a.py"), "weir.x.b": str(tmp_path / "b.py")}) == [
+        ["weir.x.a", "weir.x.b"]]
