@@ -409,3 +409,54 @@ def test_top_logprobs_from_the_engine_hold_the_k_most_likely_tokens_the_sampled_
 def top_entries_of(entries, k):
     """The k most likely of a stored position, straight from its ranks."""
     return sorted({e["token_id"]: e for e in entries}.values(), key=lambda e: e["rank"])[:k]
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+@pytest.mark.parametrize("url, body", [
+    (CHAT_COMPLETIONS, chat("Name a fruit.", n=2, stop=["."], temperature=0.7, seed=1, max_tokens=6,
+                            response_format={"type": "json_object"})),
+    (CHAT_COMPLETIONS, chat("Name a fruit.", n=2, temperature=0, max_tokens=6, logprobs=True, top_logprobs=3,
+                            response_format={"type": "json_schema",
+                                             "json_schema": {"name": "fruit", "schema": SCHEMA}})),
+    (COMPLETIONS, {"model": MODEL, "prompt": "A fruit:", "n": 2, "stop": ["\n"], "temperature": 0.7, "seed": 2,
+                   "max_tokens": 6, "logprobs": 1}),
+], ids=["chat-json-object-stop", "chat-json-schema-logprobs", "completions-stop-logprobs"])
+def test_every_object_of_a_batch_run_by_the_engine_is_valid_for_the_openai_types(session_factory, tiny_model_dir,
+                                                                                  url, body):
+    """Conformance: the Batch object before and after its request ran, and the output line's body
+    (n = 2 choices from the real engine, as the worker stores them), validated by the ``openai``
+    package's own types, with exact choice and top-logprob counts."""
+    openai = pytest.importorskip("openai")
+    from weir.engine import LLM
+    from weir.worker.runtime import _completion
+
+    batch_id, [job] = store_batch(session_factory, [line("r1", body, url=url)])
+    assert openai.types.Batch.model_validate(
+        openai_batch.batch_object(status_of(session_factory, batch_id))).status == "in_progress"
+    request = parse_batch_file([line("r1", body, url=url)], model=MODEL).requests[0]
+    [output] = LLM(model=tiny_model_dir, max_model_len=256).generate([request.engine_prompt()],
+                                                                      request.sampling_params())
+    completions = [_completion(c, wants_json=request.response_format is not None) for c in output.outputs]
+    finish(session_factory, job, JobResult(
+        status=JobStatus.SUCCEEDED, output_text=completions[0]["text"], finish_reason=completions[0]["finish_reason"],
+        completions=completions, num_prompt_tokens=len(output.prompt_token_ids),
+        num_completion_tokens=sum(c["num_tokens"] for c in completions)))
+    batch = openai.types.Batch.model_validate(openai_batch.batch_object(status_of(session_factory, batch_id)))
+    assert (batch.status, batch.request_counts.completed, batch.request_counts.total) == ("completed", 1, 1)
+    [out] = result_lines(session_factory, batch_id)
+    types = openai.types
+    parsed = (types.chat.ChatCompletion if url == CHAT_COMPLETIONS else types.Completion).model_validate(
+        out["response"]["body"])
+    assert [c.index for c in parsed.choices] == [0, 1]
+    assert parsed.usage.completion_tokens == sum(c["num_tokens"] for c in completions)
+    num_top = body.get("top_logprobs", body.get("logprobs") if url == COMPLETIONS else None)
+    for choice, stored in zip(parsed.choices, completions):
+        if url == CHAT_COMPLETIONS:
+            assert choice.message.content == stored["text"]
+            tops = None if choice.logprobs is None else [len(t.top_logprobs) for t in choice.logprobs.content]
+        else:
+            assert choice.text == stored["text"]
+            tops = None if choice.logprobs is None else [len(t) for t in choice.logprobs.top_logprobs]
+        assert tops == (None if num_top is None else [num_top] * stored["num_tokens"])
