@@ -13,22 +13,15 @@ from weir.engine import LLM, SamplingParams
 from weir.engine.block_pool import NULL_BLOCK_ID
 from weir.engine.models.sliding_window import layer_sliding_windows
 from tests.conftest import hf_greedy
+from tests.engine import test_model_families as families
 from tests.engine.test_llm_tiny import assert_all_blocks_free
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
 
 def save_random(path, config_cls, model_cls, **extra):
-    cfg = config_cls(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                     bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **extra)
-    torch.manual_seed(3)
-    model = model_cls(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.15)  # norms and biases too: a unit norm would hide a missing weight
-    model.save_pretrained(path)
-    return model
+    """A tiny random checkpoint (norms and biases random too: a unit norm would hide a missing weight)."""
+    return families.save_random(path, config_cls, model_cls, seed=3, **extra)
 
 
 def window_prompts(seed=0):
