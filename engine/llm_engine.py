@@ -105,12 +105,14 @@ class LLMEngine:
                              f"max_position_embeddings={max_pos}")
 
         torch.manual_seed(args.seed)
-        self.model = LlamaForCausalLM(self.config, self.dtype, self.max_model_len)
+        # built on its device, so each weight is cast and moved there once, as it is loaded
+        with torch.device(self.device):
+            self.model = LlamaForCausalLM(self.config, self.dtype, self.max_model_len)
         if args.load_format == "dummy":
             self.model.init_dummy(args.seed)
         else:
-            self.model.load_hf_state_dict(load_state_dict(src))
-        self.model.to(self.device).eval()
+            self.model.load_weights(load_state_dict(src).items())
+        self.model.eval()
 
         self.cudagraph_capture_sizes = resolve_capture_sizes(
             args.cudagraph_capture_sizes, args.max_cudagraph_capture_size, args.max_num_batched_tokens)

@@ -252,34 +252,83 @@ class LlamaForCausalLM(nn.Module):
         """``[n, hidden_size]`` -> ``[n, vocab_size]`` logits in fp32."""
         return F.linear(hidden, self.lm_head_weight).float()
 
+    # checkpoint names (transformers') of the pieces stacked into one fused parameter:
+    # (fused name, checkpoint name, shard index); shard i starts after the sizes of shards < i
+    stacked_params = (
+        ("qkv_proj", "q_proj", 0), ("qkv_proj", "k_proj", 1), ("qkv_proj", "v_proj", 2),
+        ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
+    )
+
     @torch.no_grad()
-    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Copy weights named as in transformers' ``*ForCausalLM`` state dict, fusing q/k/v and gate/up.
+    def load_weights(self, weights) -> None:
+        """Copy weights named as in transformers' ``*ForCausalLM`` state dict into this model, one
+        tensor at a time (as vLLM's ``load_weights``): each is cast to the parameter's dtype and moved
+        to its device once, q/k/v and gate/up into their slices of the fused projections, so the
+        caller can stream them from the files without holding a second copy of the model.
+
+        Args:
+            weights: an iterable of ``(name, tensor)``, e.g. ``state_dict.items()`` or
+                :func:`weir.engine.weight_loader.iter_weights`.
 
         Raises:
-            KeyError: a weight the architecture needs is missing.
+            KeyError: a weight the architecture needs is missing, or a name it has no parameter for
+                (other than rotary tables some checkpoints store, and a tied LM head).
+            ValueError: a tensor whose shape differs from its parameter's (slice).
         """
-        def get(name):
-            if name not in sd:
-                raise KeyError(f"checkpoint has no weight {name!r}")
-            return sd[name]
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name or (self.tie_word_embeddings and name == "lm_head.weight"):
+                continue  # rotary tables some checkpoints store; a tied head is the embedding
+            target, key = self._param_slice(name, params)
+            if target is None:
+                raise KeyError(f"checkpoint weight {name!r} has no parameter in {type(self).__name__}")
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(f"checkpoint weight {name!r} has shape {tuple(tensor.shape)}, "
+                                 f"the model expects {tuple(target.shape)}")
+            target.copy_(tensor)
+            loaded.add(key)
+        missing = sorted(set(self._expected_weight_keys(params)) - loaded)
+        if missing:
+            raise KeyError(f"checkpoint has no weight {missing[0]!r}"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
 
-        self.embed_tokens.weight.copy_(get("model.embed_tokens.weight"))
-        self.norm.weight.copy_(get("model.norm.weight"))
-        if not self.tie_word_embeddings:
-            self.lm_head.weight.copy_(get("lm_head.weight"))
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            layer.qkv_proj.weight.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
-            if layer.qkv_proj.bias is not None:
-                layer.qkv_proj.bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
-            layer.o_proj.weight.copy_(get(p + "self_attn.o_proj.weight"))
-            layer.gate_up_proj.weight.copy_(
-                torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
-            )
-            layer.down_proj.weight.copy_(get(p + "mlp.down_proj.weight"))
-            layer.input_layernorm.weight.copy_(get(p + "input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.copy_(get(p + "post_attention_layernorm.weight"))
+    def _param_slice(self, name: str, params: dict[str, torch.Tensor]):
+        """The parameter (or slice of a fused one) a checkpoint weight goes to, and the key that
+        marks it loaded: ``(tensor, key)``, or ``(None, None)`` when nothing here takes it."""
+        local = name[len("model."):] if name.startswith("model.") else name
+        for fused, piece, shard in self.stacked_params:
+            marker = f".{piece}."
+            if marker not in local:
+                continue
+            fused_name = local.replace(marker, f".{fused}.").replace("self_attn.", "").replace("mlp.", "")
+            param = params.get(fused_name)
+            if param is None:
+                return None, None
+            layer = self.layers[int(local.split(".")[1])]
+            sizes = layer.qkv_sizes if fused == "qkv_proj" else (layer.intermediate_size,) * 2
+            start = sum(sizes[:shard])
+            return param.narrow(0, start, sizes[shard]), name
+        local = local.replace("self_attn.", "").replace("mlp.", "")
+        param = params.get(local)
+        return (param, name) if param is not None else (None, None)
+
+    def _expected_weight_keys(self, params: dict[str, torch.Tensor]):
+        """The checkpoint names this model needs, one per parameter or fused slice."""
+        for pname, param in params.items():
+            parts = pname.split(".")
+            if parts[0] == "layers":
+                prefix, leaf, kind = ".".join(parts[:2]), parts[2], parts[3]
+                pieces = [piece for fused, piece, _ in self.stacked_params if fused == leaf]
+                for piece in pieces or [leaf]:
+                    group = "self_attn" if piece in ("q_proj", "k_proj", "v_proj", "o_proj") else (
+                        "mlp" if piece in ("gate_proj", "up_proj", "down_proj") else None)
+                    mid = f"{group}.{piece}" if group else piece
+                    yield f"model.{prefix}.{mid}.{kind}"
+            elif pname == "lm_head.weight":
+                yield pname
+            else:
+                yield f"model.{pname}"
 
     @torch.no_grad()
     def init_dummy(self, seed: int = 0) -> None:
