@@ -28,9 +28,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 from pydantic import ValidationError
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 
 from weir.jobs import names, store
+from weir.jobs.retry import retry_on_conflict
 from weir.jobs.db import Batch, BatchStatus, Job, engine_for, make_session_factory, utcnow
 from weir.jobs.model_info import PromptChecker
 from weir.jobs.publisher import JobPublisher
@@ -139,31 +140,6 @@ class JobRef:
 
     job_id: uuid.UUID
     batch_id: uuid.UUID
-
-
-# deadlock detected, serialization failure: Postgres rolled the transaction back, nothing was written
-CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
-CONFLICT_ATTEMPTS = 5
-
-
-def retry_on_conflict(fn):
-    """Run ``fn()`` (one whole transaction) again when Postgres aborts it as a deadlock victim or a
-    serialization failure: a cancel that updates thousands of job rows can meet a worker's group
-    commit holding some of them.
-
-    Raises:
-        sqlalchemy.exc.DBAPIError: any other database error, or a conflict on every one of
-            ``CONFLICT_ATTEMPTS`` attempts.
-    """
-    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-        try:
-            return fn()
-        except DBAPIError as e:
-            if getattr(e.orig, "sqlstate", None) not in CONFLICT_SQLSTATES or attempt == CONFLICT_ATTEMPTS:
-                raise
-            logger.info("transaction aborted by a conflict (%s), attempt %d; running it again",
-                        e.orig.sqlstate, attempt)
-            time.sleep(0.05 * attempt)
 
 
 def _sampling_params(request: dict[str, Any]) -> dict[str, Any]:

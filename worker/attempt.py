@@ -30,13 +30,14 @@ from celery.utils.time import get_exponential_backoff_interval
 
 from weir.jobs import store
 from weir.jobs.db import Job, utcnow
+from weir.jobs.retry import first_line, is_transient, retry
 from weir.jobs.store import ClaimStatus, JobResult
-from weir.worker.group_commit import MAX_DB_BACKOFF_S, DatabaseUnavailable, first_line, is_transient
+from weir.worker.group_commit import DatabaseUnavailable
 from weir.worker.runtime import EngineFailed, EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Attempt", "Outcome", "MalformedMessage", "DatabaseUnavailable", "is_transient",
+__all__ = ["Attempt", "Outcome", "MalformedMessage", "DatabaseUnavailable",
            "parse_job_id", "run_attempt", "dead_letter"]
 
 
@@ -76,22 +77,17 @@ def with_db_retry(runtime: WorkerRuntime, what: str, fn: Callable[[], T]) -> T:
     """
     timeout_s = runtime.settings.worker.db_retry_timeout_s
     deadline = time.monotonic() + timeout_s
-    num_tries = 0
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            delay_s = get_exponential_backoff_interval(1, num_tries, MAX_DB_BACKOFF_S)
-            num_tries += 1
-            if time.monotonic() + delay_s > deadline:
-                raise DatabaseUnavailable(f"{what}: database unreachable for {timeout_s:g}s: {exc}") from exc
-            logger.warning("%s: transient database error, try %d in %ds: %s", what, num_tries + 1, delay_s,
-                           str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            time.sleep(delay_s)
-            if runtime.is_stopping:  # the shutdown grace period is over
-                raise EngineStopping("the worker is shutting down") from exc
+
+    def give_up(exc: BaseException, num_tries: int, wait_s: float) -> BaseException | None:
+        if time.monotonic() + wait_s > deadline:
+            return DatabaseUnavailable(f"{what}: database unreachable for {timeout_s:g}s: {first_line(exc)}")
+        if runtime.is_stopping:  # the shutdown grace period is over
+            return EngineStopping("the worker is shutting down")
+        logger.warning("%s: transient database error, try %d in %ds: %s", what, num_tries + 1, wait_s,
+                       first_line(exc))
+        return None
+
+    return retry(fn, retryable=is_transient, give_up=give_up, sleep=time.sleep)
 
 
 def parse_job_id(args: tuple, kwargs: dict) -> uuid.UUID:

@@ -35,24 +35,20 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from celery.utils.time import get_exponential_backoff_interval
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from weir.jobs import applications, store
 from weir.jobs.db import Job, watchdog
+from weir.jobs.retry import first_line, is_transient, retry
 from weir.jobs.store import Claim, ClaimStatus, JobResult
 from weir.worker.metrics import DB_WRITE_LANES
 
 logger = logging.getLogger(__name__)
 
-MAX_DB_BACKOFF_S = 10
 WATCHDOG_MARGIN_S = 5.0
 
-# SQLSTATEs that mean "try again, maybe elsewhere": serialization failure, deadlock, lock not
-# available, statement cancelled by timeout, read-only transaction (a failover in progress),
-# admin/crash shutdown, cannot connect now, and every connection exception (class 08).
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "25006", "57P01", "57P02", "57P03"})
+class GroupGivenUp(Exception):
+    """Every operation of a group passed its deadline while the database failed transiently; each
+    future already holds its :class:`DatabaseUnavailable`."""
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -61,26 +57,6 @@ class DatabaseUnavailable(RuntimeError):
 
 class CommitterStopped(RuntimeError):
     """The committer was closed before the operation ran."""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Database errors worth retrying while the message stays unacked.
-
-    True for a pool timeout (``sqlalchemy.exc.TimeoutError``: every connection busy), every
-    ``OperationalError``/``InterfaceError`` (lost or refused connections, and under psycopg
-    serialization failures, deadlocks, lock and statement timeouts), an error whose connection
-    was invalidated, and any ``DBAPIError`` with a SQLSTATE in :data:`TRANSIENT_SQLSTATES` or of
-    class ``08`` (such as ``25006`` read-only transaction, raised as ``InternalError`` while a
-    failover makes the old primary a replica).
-    """
-    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout)):
-        return True
-    if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
-        return sqlstate in TRANSIENT_SQLSTATES or sqlstate.startswith("08")
-    return False
 
 
 @dataclass
@@ -254,40 +230,38 @@ class GroupCommitter:
                 op.future.set_exception(CommitterStopped("the worker's database writer is closed"))
 
     def _run_group(self, group: list[_Op]) -> None:
-        num_tries = 0
-        while group:
-            try:
-                answers = self._transaction(group)
-            except Exception as exc:
-                if not is_transient(exc):
-                    if len(group) == 1:
-                        group[0].future.set_exception(exc)
-                    else:
-                        logger.warning("a group of %d writes failed (%s); writing them one by one",
-                                       len(group), first_line(exc))
-                        for op in group:
-                            self._run_group([op])
-                    return
-                delay_s = get_exponential_backoff_interval(1, num_tries, MAX_DB_BACKOFF_S)
-                num_tries += 1
-                now = time.monotonic()
-                waiting = []
-                for op in group:
-                    if now + delay_s > op.deadline or self.is_stopping():
-                        op.future.set_exception(DatabaseUnavailable(
-                            f"job {op.job_id}: {op.kind}: database unreachable for "
-                            f"{self.retry_timeout_s:g}s: {first_line(exc)}"))
-                    else:
-                        waiting.append(op)
-                group = waiting
-                if group:
-                    logger.warning("transient database error, %d writes retried in %ds (try %d): %s",
-                                   len(group), delay_s, num_tries + 1, first_line(exc))
-                    time.sleep(delay_s)
-                continue
-            for op, answer in zip(group, answers):
-                op.future.set_result(answer)
+        pending = list(group)  # the operations still waiting; an operation past its deadline leaves
+
+        def give_up(exc: BaseException, num_tries: int, wait_s: float) -> BaseException | None:
+            now = time.monotonic()
+            for op in list(pending):
+                if now + wait_s > op.deadline or self.is_stopping():
+                    op.future.set_exception(DatabaseUnavailable(
+                        f"job {op.job_id}: {op.kind}: database unreachable for "
+                        f"{self.retry_timeout_s:g}s: {first_line(exc)}"))
+                    pending.remove(op)
+            if not pending:
+                return GroupGivenUp()
+            logger.warning("transient database error, %d writes retried in %ds (try %d): %s",
+                           len(pending), wait_s, num_tries + 1, first_line(exc))
+            return None
+
+        try:
+            answers = retry(lambda: self._transaction(pending), retryable=is_transient, give_up=give_up,
+                            sleep=time.sleep)
+        except GroupGivenUp:
             return
+        except Exception as exc:
+            if len(pending) == 1:
+                pending[0].future.set_exception(exc)
+            else:
+                logger.warning("a group of %d writes failed (%s); writing them one by one",
+                               len(pending), first_line(exc))
+                for op in pending:
+                    self._run_group([op])
+            return
+        for op, answer in zip(pending, answers):
+            op.future.set_result(answer)
 
     def _transaction(self, group: list[_Op]) -> list[Any]:
         """Run one group in one transaction; the answers in the group's order."""
@@ -335,10 +309,3 @@ class GroupCommitter:
                 handed.add(op.job_id)
                 answers.append(claim)
         return answers
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of the exception's message (a database error's is its driver's summary, its
-    SQL and parameters following on other lines), or its type's name when it has none."""
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -23,6 +23,7 @@ from weir.jobs import applications, store
 from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
 from weir.engine.sampling_params import SamplingParams
 from weir.jobs.model_info import too_long_for_output
+from weir.jobs.retry import first_line, is_transient
 from weir.jobs.schemas import GenerateRequest, JobRequest, parse_request
 from weir.jobs.store import JobResult, parse_json_output
 from weir.config import Settings, get_settings
@@ -229,8 +230,6 @@ class WorkerRuntime:
         statement; a job whose lease was not renewed (cancelled, or taken by another claim) is
         aborted in the engine and its result is never stored."""
         settings = self.settings.worker
-        from weir.worker.group_commit import is_transient
-
         while not self._heartbeat_stop.wait(settings.cancel_poll_interval_s):
             with self._running_lock:
                 leases = [(job_id, token) for job_id, (token, _) in self._leases.items()]
@@ -243,7 +242,7 @@ class WorkerRuntime:
                 if not is_transient(exc):
                     logger.exception("cannot renew leases")
                 else:
-                    logger.warning("cannot renew leases: %s", str(exc).splitlines()[0] if str(exc) else exc)
+                    logger.warning("cannot renew leases: %s", first_line(exc))
                 continue
             for job_id, _ in leases:
                 if job_id not in renewed:

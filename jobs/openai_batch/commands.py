@@ -108,7 +108,7 @@ def cmd_batch_submit(args: argparse.Namespace) -> int:
 
 def _openai_batch(client: Any, batch_id: Any) -> dict[str, Any]:
     """The batch's OpenAI Batch object, once expired if its completion window has passed."""
-    from weir.jobs.client import retry_on_conflict
+    from weir.jobs.retry import retry_on_conflict
 
     def expire() -> bool:
         with client.session_factory.begin() as session:

@@ -14,7 +14,8 @@ from weir.jobs.schemas import GenerateRequest
 from weir.jobs.store import JobResult
 from weir.config import WorkerSettings
 from weir.worker import attempt
-from weir.worker.attempt import DatabaseUnavailable, MalformedMessage, is_transient, parse_job_id, with_db_retry
+from weir.jobs.retry import is_transient
+from weir.worker.attempt import DatabaseUnavailable, MalformedMessage, parse_job_id, with_db_retry
 
 
 def test_transient_database_errors_are_retried():
