@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
-from pydantic import ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from weir.jobs import names, store
@@ -36,12 +36,14 @@ from weir.jobs.db import Batch, BatchStatus, Job, engine_for, make_session_facto
 from weir.jobs.model_info import PromptChecker
 from weir.jobs.publisher import JobPublisher
 from weir.jobs.schemas import (
-    INTERACTIVE_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, SAMPLING_FIELDS, ClassifyRequest, GenerateRequest, JobRequest,
+    INTERACTIVE_PRIORITY, SAMPLING_FIELDS, ClassifyRequest, GenerateRequest, JobRequest, Priority,
     check_json, parse_request,
 )
 from weir.config import Settings, get_settings
 
 logger = logging.getLogger(__name__)
+
+PRIORITY = TypeAdapter(Priority, config=ConfigDict(title="priority"))
 
 STALE_VALIDATING_S = 3600
 """A batch still ``validating`` this long after its creation lost its producer; the sweeper deletes it."""
@@ -384,7 +386,8 @@ class Client:
                 (the message names it and the second one's batch index), or ``metadata`` is not
                 plain JSON (the message names the field); nothing was stored.
             pydantic.ValidationError: a request is malformed (the error names the field, a note
-                names its batch index); nothing was stored.
+                names its batch index), or ``priority`` is not a 32-bit integer (checked as a
+                request's :data:`~weir.jobs.schemas.Priority`); nothing was stored.
             PromptTooLongError: a prompt does not fit (the message names the request's
                 ``custom_id`` and batch index); nothing was stored.
             EngineLimitError: ``logprobs``/``prompt_logprobs`` above ``WEIR_MAX_LOGPROBS``, or
@@ -396,9 +399,8 @@ class Client:
         """
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)
-                                     or not MIN_PRIORITY <= priority <= MAX_PRIORITY):
-            raise ValueError(f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
+        if priority is not None:
+            PRIORITY.validate_python(priority)
         check_json(dict(metadata or {}), "batch metadata")
         remaining = iter(requests)
         first = next(remaining, _NO_REQUEST)

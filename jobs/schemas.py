@@ -118,6 +118,9 @@ Prompt = Annotated[
 
 
 MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+Priority = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)]
+"""A job's scheduling priority (vLLM's meaning: lower runs first), a 32-bit integer: the one check,
+for a request's ``priority`` and for ``Client.enqueue_batch(priority=)`` alike."""
 INTERACTIVE_PRIORITY = 0
 """A job enqueued on its own or in a batch with no priority given."""
 BULK_PRIORITY = 9
@@ -158,7 +161,7 @@ class _JobRequest(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free JSON kept with the job (see :func:`check_json` for what it may hold)."""
     enrichment: Optional[Enrichment] = None
-    priority: int = Field(0, ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)
+    priority: Priority = 0
     """The engine's scheduling priority (vLLM's: lower runs first; with
     ``WEIR_SCHEDULING_POLICY=priority``); set for a whole batch by ``Client.enqueue_batch(priority=)``,
     whose messages also go to the broker's priority level for it."""

@@ -76,6 +76,22 @@ def test_invalid_request_stores_and_publishes_nothing(client, celery_app, queue)
     assert published(celery_app, queue) == []
 
 
+@pytest.mark.parametrize("priority, error", [
+    (True, "int_type"), ("1", "int_type"), (1.0, "int_type"), (2**31, "less_than_equal"),
+    (-(2**31) - 1, "greater_than_equal")])
+def test_a_batch_priority_is_checked_as_a_request_priority_is_before_anything_is_stored(
+        client, celery_app, queue, priority, error):
+    before = count_jobs(client)
+    with pytest.raises(ValidationError) as batch_info:
+        client.enqueue_batch([GenerateRequest(prompt="ok")], priority=priority)
+    with pytest.raises(ValidationError) as request_info:
+        GenerateRequest(prompt="ok", priority=priority)
+    assert [e["type"] for e in batch_info.value.errors()] == [error]
+    assert [e["type"] for e in request_info.value.errors()] == [error]
+    assert count_jobs(client) == before
+    assert published(celery_app, queue) == []
+
+
 def test_too_long_prompt_is_refused_at_enqueue(client, celery_app, queue):
     before = count_jobs(client)
     long_prompt = "word " * 600  # the tiny model's max_model_len is 512
