@@ -146,8 +146,18 @@ def _grammar(spec: StructuredOutputsParams) -> "xgrammar.Grammar":
         raise ValueError(f"structured_outputs.{kind} is not supported: {reason}") from None
 
 
+MAX_CHECKED_CONSTRAINTS = 256
+_checked_keys: OrderedDict[tuple, None] = OrderedDict()
+_checked_lock = threading.Lock()
+
+
 def check(params: SamplingParams | StructuredOutputsParams | None) -> None:
-    """Refuse a constraint the backend cannot compile, before anything runs.
+    """Refuse a constraint the backend cannot compile, before anything runs: the one check, used by
+    the engine's input processor, the job schemas and the catalog's spec loader.
+
+    A constraint that passed is remembered by :attr:`StructuredOutputsParams.key` (the
+    ``MAX_CHECKED_CONSTRAINTS`` most recent), so a batch that repeats one schema builds its grammar
+    once. Compiled grammars (bound to a tokenizer) are cached by :class:`StructuredOutputManager`.
 
     Args:
         params: sampling parameters (or their ``structured_outputs``); ``None`` passes.
@@ -157,8 +167,18 @@ def check(params: SamplingParams | StructuredOutputsParams | None) -> None:
             does not support; the message names the field (``structured_outputs.json`` ...).
     """
     spec = params.structured_outputs if isinstance(params, SamplingParams) else params
-    if spec is not None:
-        _grammar(spec)
+    if spec is None:
+        return
+    key = spec.key
+    with _checked_lock:
+        if key in _checked_keys:
+            _checked_keys.move_to_end(key)
+            return
+    _grammar(spec)
+    with _checked_lock:
+        _checked_keys[key] = None
+        if len(_checked_keys) > MAX_CHECKED_CONSTRAINTS:
+            _checked_keys.popitem(last=False)
 
 
 class StructuredOutputRequest:

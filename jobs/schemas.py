@@ -394,27 +394,18 @@ def _field_error(name: str, value: Any, message: str) -> ValidationError:
         type=PydanticCustomError("sampling_params", "{message}", {"message": message}), loc=loc, input=value)])
 
 
-_MAX_CHECKED_CONSTRAINTS = 256
-_checked_constraints: set[tuple] = set()
-
-
 def _check_constraint(spec: StructuredOutputsParams) -> None:
-    """Compile a constraint with the engine's backend, once per distinct spec (a batch usually
-    repeats one schema).
+    """Compile a constraint with the engine's backend (``weir.engine.structured_outputs.check``,
+    which remembers the constraints that passed).
 
     Raises:
         ValueError: the backend cannot compile it; the message names the field
             (``structured_outputs.json ...``). Imports xgrammar and torch, so only requests that
             carry a constraint pay for them.
     """
-    if spec.key in _checked_constraints:
-        return
     from weir.engine.structured_outputs import check
 
     check(spec)
-    if len(_checked_constraints) >= _MAX_CHECKED_CONSTRAINTS:
-        _checked_constraints.clear()
-    _checked_constraints.add(spec.key)
 
 
 class ClassifyRequest(_JobRequest):

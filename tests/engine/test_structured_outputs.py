@@ -331,3 +331,21 @@ def test_a_grammar_that_admits_no_output_is_refused(llm):
     with pytest.raises(ValueError, match=re.escape("structured_outputs.regex admits no output")):
         llm.generate([[5, 6, 7]], params)
     assert not llm.llm_engine.has_unfinished()
+
+
+def test_the_check_builds_a_constraint_once_and_refuses_a_bad_one_every_time(monkeypatch):
+    from weir.engine import structured_outputs as so
+
+    built = []
+    grammar = so._grammar
+    monkeypatch.setattr(so, "_grammar", lambda spec: built.append(spec.key) or grammar(spec))
+    monkeypatch.setattr(so, "_checked_keys", type(so._checked_keys)())
+    schema = StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}})
+    for _ in range(3):
+        so.check(schema)
+        so.check(SamplingParams(structured_outputs=schema))
+    bad = StructuredOutputsParams(regex="(")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="structured_outputs.regex is not supported"):
+            so.check(bad)
+    assert built == [schema.key, bad.key, bad.key]
