@@ -222,7 +222,7 @@ def main(argv=None):
         head, colon, overrides = name.partition(":")
         config, _, prompt_name = head.partition("+")
         user = USER_PROMPTS[prompt_name] if prompt_name else spec.describe.user_prompt
-        described_spec = dataclasses.replace(spec, describe=dataclasses.replace(spec.describe, user_prompt=user))
+        described_spec = spec.model_copy(update={"describe": spec.describe.model_copy(update={"user_prompt": user})})
         reqs = [describe_request(p, described_spec, catalog_key(catalog)) for p in described]
         sampling = describe_config(spec, config + colon + overrides)
         llm.reset_prefix_cache()

@@ -94,13 +94,11 @@ def _missing_columns_hint(exc: Any, spec: Optional[str]) -> str:
     flags = [COLUMN_FLAGS[role] for role in exc.missing if role in COLUMN_FLAGS]
     name_them = (f"name the columns with {', '.join(flags)} or in a job spec" if flags
                  else "name the columns in a job spec")
-    return "; or ".join(fits + [f"{name_them} (--spec FILE, layout in jobs/spec.py)"])
+    return "; or ".join(fits + [f"{name_them} (--spec FILE, layout in jobs/catalog/spec.py)"])
 
 
 def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
-    import dataclasses
-
     from weir.jobs.catalog.enrichment import MissingColumns, enqueue_catalog, read_catalog, summarize
     from weir.jobs.client import Client
     from weir.jobs.catalog.spec import load_spec
@@ -119,7 +117,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec).with_columns(
             name=args.product_col, brand=args.brand_col, description=args.description_col, id=args.id_col)
         if args.category_col is not None:
-            spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, column=args.category_col))
+            spec = spec.model_copy(update={"taxonomy": spec.taxonomy.model_copy(update={"column": args.category_col})})
         catalog = read_catalog(args.catalog, spec, limit=args.limit, encoding=args.encoding)
     except MissingColumns as exc:
         print(f"weir enrich: {exc}; {_missing_columns_hint(exc, args.spec)}", file=sys.stderr)

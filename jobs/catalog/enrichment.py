@@ -429,7 +429,7 @@ def catalog_requests(catalog: Catalog, plan: Optional["EnrichmentPlan"] = None) 
 
 def spec_version(spec: JobSpec) -> str:
     """A hash of everything in ``spec`` that shapes the jobs (its file's path left out), hex."""
-    fields = dataclasses.asdict(dataclasses.replace(spec, path=None))
+    fields = spec.model_copy(update={"path": None}).model_dump()
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -56,8 +56,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from dataclasses import dataclass, field
-from typing import Any, Optional
+import typing
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 try:
     import tomllib
@@ -117,8 +119,14 @@ OPTIONAL_COLUMNS = ("brand", "description")
 name alone, and prompts leave out the lines they would fill."""
 
 
-@dataclass(frozen=True)
-class Columns:
+class _Table(BaseModel):
+    """One TOML table of a spec: every key optional, no other key, values of exactly their type
+    (pydantic, strict: ``id = 5`` is not a column name)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class Columns(_Table):
     """The catalog's CSV column names; ``""`` for an optional one (:data:`OPTIONAL_COLUMNS`) says
     the catalog has no such column."""
 
@@ -128,26 +136,29 @@ class Columns:
     description: str = "description"
 
 
-@dataclass(frozen=True)
-class Domain:
+class Domain(_Table):
     shop: str = "an online shop"
 
 
-@dataclass(frozen=True)
-class Taxonomy:
-    source: str = "column"
+class Taxonomy(_Table):
+    source: Literal["column", "file"] = "column"
     column: str = "category"
     json_list: bool = False
     separator: str = ""
-    level: int = 1
+    level: int = Field(1, ge=1)
     hint_column: str = ""
     file: str = ""
 
+    @model_validator(mode="after")
+    def _file_named(self) -> "Taxonomy":
+        if self.source == "file" and not self.file:
+            raise ValueError('[taxonomy] file must name a taxonomy file when source = "file"')
+        return self
 
-@dataclass(frozen=True)
-class Classify:
-    method: str = "exemplars"
-    num_exemplars: int = 4
+
+class Classify(_Table):
+    method: Literal["exemplars", "zero_shot"] = "exemplars"
+    num_exemplars: int = Field(4, ge=1)
     header: str = CLASSIFY_HEADER
 
 
@@ -156,28 +167,145 @@ DESCRIBE_RETRY_SAMPLING = dict(repetition_penalty=1.1, frequency_penalty=0.3)
 measured configurations (BENCHMARKS.md, descriptions), whose flagged products differ."""
 
 
-@dataclass(frozen=True)
-class Describe:
+def _checked_sampling(label: str, value: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` updated with the keys of the ``[label]`` table, checked by building the
+    engine's SamplingParams (its ranges and messages apply).
+
+    Raises:
+        ValueError: ``[label]`` is not a table, names a key SamplingParams lacks (or
+            ``structured_outputs``: the job sets it), or SamplingParams refuses a value.
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"[{label}] must be a table")
+    from weir.engine.sampling_params import SamplingParams
+
+    known = {f.name for f in dataclasses.fields(SamplingParams)} - {"structured_outputs"}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"[{label}] has unknown key {unknown[0]!r} (SamplingParams fields: {', '.join(sorted(known))})")
+    merged = {**defaults, **value}
+    try:
+        SamplingParams(**merged)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"[{label}] {exc}") from None
+    return merged
+
+
+class Describe(_Table):
     system_prompt: str = DESCRIBE_SYSTEM_PROMPT
     user_prompt: str = DESCRIBE_USER_PROMPT
-    sampling: dict[str, Any] = field(default_factory=lambda: dict(DESCRIBE_SAMPLING))
-    retry_sampling: dict[str, Any] = field(default_factory=lambda: dict(DESCRIBE_RETRY_SAMPLING))
+    sampling: dict[str, Any] = Field(default_factory=lambda: dict(DESCRIBE_SAMPLING))
+    """Sampling fields; keys a spec does not give keep :data:`DESCRIBE_SAMPLING`'s."""
+    retry_sampling: dict[str, Any] = Field(default_factory=lambda: dict(DESCRIBE_RETRY_SAMPLING))
     """A flagged description (:func:`weir.jobs.catalog.quality.description_quality` not ``ok``) is written
     once more with these sampling fields replaced, and the first clean attempt is kept; empty: no
     second attempt."""
 
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _sampling(cls, value: Any) -> dict[str, Any]:
+        return _checked_sampling("describe.sampling", value, DESCRIBE_SAMPLING)
 
-@dataclass(frozen=True)
-class Extract:
+    @field_validator("retry_sampling", mode="before")
+    @classmethod
+    def _retry_sampling(cls, value: Any, info: ValidationInfo) -> dict[str, Any]:
+        sampling = info.data.get("sampling", DESCRIBE_SAMPLING)
+        _checked_sampling("describe.retry_sampling", value, sampling)
+        return dict(value)
+
+
+class Extract(_Table):
     """Attribute extraction: with ``fields`` named, every product gets a third job whose output is
     constrained to :attr:`schema` (structured outputs) and stored as ``product_enrichment.attributes``."""
 
     system_prompt: str = EXTRACT_SYSTEM_PROMPT
-    description_chars: int = 400
-    fields: dict[str, Any] = field(default_factory=dict)
-    examples: list[dict[str, Any]] = field(default_factory=list)
+    description_chars: int = Field(400, ge=0)
+    fields: dict[str, Any] = Field(default_factory=dict)
+    """Field name -> its JSON Schema, in the spec's order."""
+    examples: list[dict[str, Any]] = Field(default_factory=list)
     """``{"name", "description", "values"}`` each; empty: :data:`EXTRACT_EXAMPLES`."""
-    sampling: dict[str, Any] = field(default_factory=lambda: dict(EXTRACT_SAMPLING))
+    sampling: dict[str, Any] = Field(default_factory=lambda: dict(EXTRACT_SAMPLING))
+
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _sampling(cls, value: Any) -> dict[str, Any]:
+        return _checked_sampling("extract.sampling", value, EXTRACT_SAMPLING)
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _fields(cls, value: Any) -> dict[str, Any]:
+        """Each a JSON Schema (an inline table) the structured-outputs backend enforces."""
+        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+            bad = next((k for k, v in value.items() if not isinstance(v, dict)), None) if isinstance(value, dict) else None
+            raise ValueError("[extract.fields] must map each field name to its JSON Schema, an inline "
+                             'table such as { type = "string" }' + (f"; {bad} is {value[bad]!r}" if bad else ""))
+        from weir.engine.structured_outputs import unsupported_schema_keyword
+
+        for name, sub in value.items():
+            if not name.strip():
+                raise ValueError("[extract.fields] has an empty field name")
+            found = unsupported_schema_keyword(sub, f"#/{name}")
+            if found:
+                raise ValueError(f"[extract.fields] {name}: keyword {found} is not supported")
+        return dict(value)
+
+    @field_validator("examples", mode="before")
+    @classmethod
+    def _examples(cls, value: Any) -> list[dict[str, Any]]:
+        """``[[extract.examples]]``: tables of a name, a description and values."""
+        if not isinstance(value, list):
+            raise ValueError("[[extract.examples]] must be an array of tables")
+        out = []
+        for i, example in enumerate(value):
+            if not isinstance(example, dict) or set(example) - {"name", "description", "values"}:
+                raise ValueError(f"[[extract.examples]] #{i + 1} must be a table of name, description, values")
+            if not isinstance(example.get("name"), str) or not isinstance(example.get("description", ""), str):
+                raise ValueError(f"[[extract.examples]] #{i + 1} needs a name and a description (strings)")
+            if not isinstance(example.get("values", {}), dict):
+                raise ValueError(f"[[extract.examples]] #{i + 1} values must be a table")
+            out.append({"name": example["name"], "description": example.get("description", ""),
+                        "values": dict(example.get("values", {}))})
+        return out
+
+    @model_validator(mode="after")
+    def _compiles(self) -> "Extract":
+        """The schema compiles (xgrammar, as the engine will), and the examples name only its
+        fields with values it accepts."""
+        if self.examples and not self.fields:
+            raise ValueError("[[extract.examples]] given without [extract.fields]")
+        if not self.enabled:
+            return self
+        from weir.engine.sampling_params import StructuredOutputsParams
+        from weir.engine.structured_outputs import check
+
+        for name, sub in self.fields.items():  # each alone first, so that the error names the field
+            try:
+                check(StructuredOutputsParams(json=sub))
+            except ValueError as exc:
+                reason = str(exc).split(" is not supported: ", 1)[-1]
+                raise ValueError(f"[extract.fields] {name}: not a schema the grammar can enforce: {reason}") from None
+        try:
+            check(StructuredOutputsParams(json=self.schema))
+        except ValueError as exc:
+            raise ValueError(f"[extract.fields] {exc}") from None
+        for i, example in enumerate(self.examples):
+            stray = sorted(set(example["values"]) - set(self.fields))
+            if stray:
+                raise ValueError(f"[[extract.examples]] #{i + 1} value {stray[0]!r} is not one of [extract.fields]")
+        import jsonschema
+
+        validator = jsonschema.Draft202012Validator(self.schema)
+        for i, (_, _, answer) in enumerate(self.worked_examples()):
+            for name, value in answer.items():
+                found = None if value is None else jsonschema.exceptions.best_match(
+                    jsonschema.Draft202012Validator(self.fields[name]).iter_errors(value))
+                if found is not None:
+                    raise ValueError(f"[[extract.examples]] #{i + 1} value {name}: {found.message}")
+            error = jsonschema.exceptions.best_match(validator.iter_errors(answer))
+            if error is not None:
+                at = "/".join(map(str, error.absolute_path))
+                raise ValueError(f"[[extract.examples]] #{i + 1} value {at}: {error.message}")
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -217,9 +345,9 @@ class Extract:
         return out
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """A whole spec; ``JobSpec()`` is the default one."""
+class JobSpec(_Table):
+    """A whole spec; ``JobSpec()`` is the default one. Its tables are read from TOML by
+    :func:`parse_spec` (pydantic models: frozen, no unknown key, values of exactly their type)."""
 
     columns: Columns = Columns()
     domain: Domain = Domain()
@@ -232,7 +360,7 @@ class JobSpec:
     def with_columns(self, **names: Optional[str]) -> "JobSpec":
         """The spec with the given column names replaced (None keeps the spec's)."""
         changed = {k: v for k, v in names.items() if v is not None}
-        return dataclasses.replace(self, columns=dataclasses.replace(self.columns, **changed))
+        return self.model_copy(update={"columns": self.columns.model_copy(update=changed)})
 
     def required_columns(self) -> dict[str, str]:
         """The columns a catalog must have, by role: ``id``, ``name``, and with labels from a
@@ -245,85 +373,32 @@ class JobSpec:
         return required
 
 
-_TABLES = {"columns": Columns, "domain": Domain, "taxonomy": Taxonomy, "classify": Classify,
-           "describe": Describe, "extract": Extract}
-_CHOICES = {("taxonomy", "source"): ("column", "file"), ("classify", "method"): ("exemplars", "zero_shot")}
+_TABLES = ("columns", "domain", "taxonomy", "classify", "describe", "extract")
+_TYPE_NAMES = {"string_type": "a string", "int_type": "an integer", "bool_type": "a boolean"}
 
 
-def _sampling(where: str, table: str, value: Any, defaults: dict[str, Any]) -> dict[str, Any]:
-    """``defaults`` updated with the ``[table.sampling]`` keys (``table`` itself when it ends in
-    ``sampling``), checked by building SamplingParams."""
-    label = table if table.endswith("sampling") else f"{table}.sampling"
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: [{label}] must be a table")
-    from weir.engine.sampling_params import SamplingParams
-
-    known = {f.name for f in dataclasses.fields(SamplingParams)} - {"structured_outputs"}
-    unknown = sorted(set(value) - known)
-    if unknown:
-        raise SpecError(f"{where}: [{label}] has unknown key {unknown[0]!r} "
-                        f"(SamplingParams fields: {', '.join(sorted(known))})")
-    merged = {**defaults, **value}
-    try:
-        SamplingParams(**merged)
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"{where}: [{label}] {exc}") from None
-    return merged
-
-
-def _retry_sampling(where: str, value: Any, sampling: dict[str, Any]) -> dict[str, Any]:
-    """``[describe.retry_sampling]``: SamplingParams fields that replace ``sampling``'s."""
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: [describe.retry_sampling] must be a table")
-    _sampling(where, "describe.retry_sampling", {**sampling, **value}, {})
-    return dict(value)
-
-
-def _extract_fields(where: str, value: Any) -> dict[str, Any]:
-    """``[extract.fields]``: each a JSON Schema the structured-outputs backend enforces."""
-    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-        bad = next((k for k, v in value.items() if not isinstance(v, dict)), None) if isinstance(value, dict) else None
-        raise SpecError(f"{where}: [extract.fields] must map each field name to its JSON Schema, an inline "
-                        'table such as { type = "string" }' + (f"; {bad} is {value[bad]!r}" if bad else ""))
-    from weir.engine.structured_outputs import unsupported_schema_keyword
-
-    for name, sub in value.items():
-        if not name.strip():
-            raise SpecError(f"{where}: [extract.fields] has an empty field name")
-        found = unsupported_schema_keyword(sub, f"#/{name}")
-        if found:
-            raise SpecError(f"{where}: [extract.fields] {name}: keyword {found} is not supported")
-    return dict(value)
-
-
-def _table(where: str, name: str, cls: type, value: Any) -> Any:
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: [{name}] must be a table, got {value!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, item in value.items():
-        if key not in fields:
-            raise SpecError(f"{where}: [{name}] has unknown key {key!r} (known: {', '.join(fields)})")
-        if key == "sampling":
-            kwargs[key] = _sampling(where, name, item, getattr(cls(), key))
-            continue
-        if name == "describe" and key == "retry_sampling":
-            kwargs[key] = _retry_sampling(where, item, {**Describe().sampling, **value.get("sampling", {})})
-            continue
-        if name == "extract" and key == "fields":
-            kwargs[key] = _extract_fields(where, item)
-            continue
-        if name == "extract" and key == "examples":
-            kwargs[key] = _extract_examples(where, item)
-            continue
-        default = getattr(cls(), key)
-        if type(item) is not type(default):
-            raise SpecError(f"{where}: [{name}] {key} must be a {type(default).__name__}, got {item!r}")
-        choices = _CHOICES.get((name, key))
-        if choices and item not in choices:
-            raise SpecError(f"{where}: [{name}] {key} must be one of {', '.join(choices)}, got {item!r}")
-        kwargs[key] = item
-    return cls(**kwargs)
+def _spec_error(where: str, error: dict[str, Any]) -> SpecError:
+    """One pydantic error of :func:`parse_spec` as a line naming the spec's table and key."""
+    loc, kind, value = error["loc"], error["type"], error.get("input")
+    table = loc[0] if loc else ""
+    key = loc[1] if len(loc) > 1 else None
+    if kind == "value_error":
+        return SpecError(f"{where}: {error['ctx']['error']}")
+    if kind == "extra_forbidden" and key is None:
+        return SpecError(f"{where}: unknown table [{table}] (known: {', '.join(_TABLES)})")
+    model = JobSpec.model_fields[table].annotation if table in _TABLES else JobSpec
+    if kind == "extra_forbidden":
+        return SpecError(f"{where}: [{table}] has unknown key {key!r} (known: {', '.join(model.model_fields)})")
+    if key is None:  # the table itself: model_type (not a table)
+        return SpecError(f"{where}: [{table}] must be a table, got {value!r}")
+    if kind == "literal_error":
+        choices = typing.get_args(model.model_fields[key].annotation)
+        return SpecError(f"{where}: [{table}] {key} must be one of {', '.join(choices)}, got {value!r}")
+    if kind == "greater_than_equal":
+        return SpecError(f"{where}: [{table}] {key} must be >= {error['ctx']['ge']}, got {value!r}")
+    if kind in _TYPE_NAMES:
+        return SpecError(f"{where}: [{table}] {key} must be {_TYPE_NAMES[kind]}, got {value!r}")
+    return SpecError(f"{where}: [{table}] {key}: {error['msg']}")
 
 
 def parse_spec(data: dict[str, Any], where: str = "spec") -> JobSpec:
@@ -331,81 +406,16 @@ def parse_spec(data: dict[str, Any], where: str = "spec") -> JobSpec:
 
     Raises:
         SpecError: an unknown table or key, a value of the wrong type or outside its choices, a
-            sampling field SamplingParams refuses, or an inconsistent taxonomy; the message starts
-            with ``where`` and names the key.
+            sampling field SamplingParams refuses, an inconsistent taxonomy, or extraction fields
+            the grammar cannot enforce; the message starts with ``where`` and names the key (the
+            first such error).
     """
-    unknown = sorted(set(data) - set(_TABLES))
-    if unknown:
-        raise SpecError(f"{where}: unknown table [{unknown[0]}] (known: {', '.join(_TABLES)})")
-    parts = {name: _table(where, name, cls, data[name]) for name, cls in _TABLES.items() if name in data}
-    spec = JobSpec(**parts)
-    t = spec.taxonomy
-    if t.level < 1:
-        raise SpecError(f"{where}: [taxonomy] level must be >= 1, got {t.level}")
-    if t.source == "file" and not t.file:
-        raise SpecError(f"{where}: [taxonomy] file must name a taxonomy file when source = \"file\"")
-    if spec.classify.num_exemplars < 1:
-        raise SpecError(f"{where}: [classify] num_exemplars must be >= 1, got {spec.classify.num_exemplars}")
-    _check_extract(where, spec.extract)
-    return spec
-
-
-def _extract_examples(where: str, value: Any) -> list[dict[str, Any]]:
-    """``[[extract.examples]]``: each a table of ``name``, ``description`` (strings) and ``values``."""
-    if not isinstance(value, list):
-        raise SpecError(f"{where}: [[extract.examples]] must be an array of tables")
-    out = []
-    for i, example in enumerate(value):
-        if not isinstance(example, dict) or set(example) - {"name", "description", "values"}:
-            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} must be a table of name, description, values")
-        if not isinstance(example.get("name"), str) or not isinstance(example.get("description", ""), str):
-            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} needs a name and a description (strings)")
-        if not isinstance(example.get("values", {}), dict):
-            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} values must be a table")
-        out.append({"name": example["name"], "description": example.get("description", ""),
-                    "values": dict(example.get("values", {}))})
-    return out
-
-
-def _check_extract(where: str, extract: Extract) -> None:
-    """The schema compiles (xgrammar, as the engine will), and the examples name only its fields
-    with values it accepts."""
-    if extract.description_chars < 0:
-        raise SpecError(f"{where}: [extract] description_chars must be >= 0, got {extract.description_chars}")
-    if extract.examples and not extract.fields:
-        raise SpecError(f"{where}: [[extract.examples]] given without [extract.fields]")
-    if not extract.enabled:
-        return
-    from weir.engine.sampling_params import StructuredOutputsParams
-    from weir.engine.structured_outputs import check
-
-    for name, sub in extract.fields.items():  # each alone first, so that the error names the field
-        try:
-            check(StructuredOutputsParams(json=sub))
-        except ValueError as exc:
-            reason = str(exc).split(" is not supported: ", 1)[-1]
-            raise SpecError(f"{where}: [extract.fields] {name}: not a schema the grammar can enforce: {reason}") from None
+    if "path" in data:
+        raise SpecError(f"{where}: unknown table [path] (known: {', '.join(_TABLES)})")
     try:
-        check(StructuredOutputsParams(json=extract.schema))
-    except ValueError as exc:
-        raise SpecError(f"{where}: [extract.fields] {exc}") from None
-    for i, example in enumerate(extract.examples):
-        stray = sorted(set(example["values"]) - set(extract.fields))
-        if stray:
-            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} value {stray[0]!r} is not one of [extract.fields]")
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(extract.schema)
-    for i, (_, _, answer) in enumerate(extract.worked_examples()):
-        for name, value in answer.items():
-            found = None if value is None else jsonschema.exceptions.best_match(
-                jsonschema.Draft202012Validator(extract.fields[name]).iter_errors(value))
-            if found is not None:
-                raise SpecError(f"{where}: [[extract.examples]] #{i + 1} value {name}: {found.message}")
-        error = jsonschema.exceptions.best_match(validator.iter_errors(answer))
-        if error is not None:
-            at = "/".join(map(str, error.absolute_path))
-            raise SpecError(f"{where}: [[extract.examples]] #{i + 1} value {at}: {error.message}")
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _spec_error(where, exc.errors()[0]) from None
 
 
 def shipped_specs() -> list[str]:
@@ -435,7 +445,7 @@ def load_spec(path: Optional[str] = None) -> JobSpec:
         name, path = path, os.path.join(SPECS_DIR, f"{path}.toml")
         if not os.path.isfile(path):
             raise SpecError(f"no shipped spec {name!r} (shipped: {', '.join(shipped_specs())}); or give the "
-                            "path of a TOML spec file (layout in jobs/spec.py)")
+                            "path of a TOML spec file (layout in jobs/catalog/spec.py)")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -448,5 +458,5 @@ def load_spec(path: Optional[str] = None) -> JobSpec:
     spec = parse_spec(data, where=path)
     if spec.taxonomy.file and not os.path.isabs(spec.taxonomy.file):
         resolved = os.path.join(os.path.dirname(os.path.abspath(path)), spec.taxonomy.file)
-        spec = dataclasses.replace(spec, taxonomy=dataclasses.replace(spec.taxonomy, file=resolved))
-    return dataclasses.replace(spec, path=path)
+        spec = spec.model_copy(update={"taxonomy": spec.taxonomy.model_copy(update={"file": resolved})})
+    return spec.model_copy(update={"path": path})

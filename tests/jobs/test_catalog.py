@@ -204,7 +204,7 @@ def test_no_label_anywhere_says_to_name_a_taxonomy_file(tmp_path):
 
 
 def test_zero_shot_jobs_per_product():
-    spec = JobSpec(domain=dataclasses.replace(JobSpec().domain, shop="a tea shop"))
+    spec = JobSpec(domain={"shop": "a tea shop"})
     product = Product("42", "Green Tea", "Leafy", "Beverages", "x" * 400)
     catalog = Catalog("c.csv", [product], ["Beverages", "Snacks"], {"Beverages": ["Tea", "Coffee"]}, spec=spec)
     classify, describe = product_requests(product, catalog)
@@ -239,7 +239,7 @@ def test_exemplar_jobs_show_the_nearest_labelled_products_never_the_product():
                 Product("4", "Potato Chips", "Crunch", "Snacks", "")]
     pool = [Labelled(p.product_id, p.name, p.brand, p.category) for p in products]
     catalog = Catalog("c.csv", products, ["Beverages", "Snacks"], {"Beverages": ["Tea"]}, pool,
-                      JobSpec(classify=dataclasses.replace(JobSpec().classify, num_exemplars=2)))
+                      JobSpec(classify={"num_exemplars": 2}))
     classify, _ = product_requests(products[0], catalog, ExemplarIndex(pool))
     assert classify.prompt == (
         "Products of an online shop and their categories.\n\n"
@@ -338,8 +338,7 @@ def test_summary_sets_the_nearest_neighbour_vote_beside_the_majority_baseline():
         "no model: 66.7 %)",
         "categories chosen:   the model scores each label after a prompt that shows the product's 4 nearest "
         "labelled products of the same catalog (TF-IDF of name and brand) with their categories"]
-    zero_shot = dataclasses.replace(catalog, spec=dataclasses.replace(
-        JobSpec(), classify=dataclasses.replace(JobSpec().classify, method="zero_shot")))
+    zero_shot = dataclasses.replace(catalog, spec=JobSpec(classify={"method": "zero_shot"}))
     assert summarize(zero_shot, results, wall_s=1.0).format().splitlines()[6] == (
         'categories chosen:   the model scores each label, with its commonest sub-labels, calibrated against "N/A"; '
         "no examples")

@@ -7,7 +7,9 @@ import pytest
 
 from weir.jobs import store
 from weir.jobs.catalog import store as catalog_store
-from weir.jobs.catalog.enrichment import Catalog, Product, catalog_requests, plan_enrichment, product_fingerprint
+from weir.jobs.catalog.enrichment import (
+    Catalog, Product, catalog_requests, plan_enrichment, product_fingerprint, spec_version,
+)
 from weir.jobs.db import JobKind, JobStatus
 from weir.jobs.catalog.spec import JobSpec, load_spec
 from weir.jobs.store import JobResult
@@ -80,12 +82,12 @@ def test_a_new_spec_or_model_redoes_every_product_and_full_redoes_all(session_fa
     run_jobs(session_factory, catalog, plan_enrichment(session_factory, catalog, MODEL))
     assert counts(plan_enrichment(session_factory, catalog, MODEL)) == (0, 0, 0, 6)
     assert counts(plan_enrichment(session_factory, catalog, "another-model")) == (6, 0, 6, 0)
-    other_spec = dataclasses.replace(JobSpec(), domain=dataclasses.replace(JobSpec().domain, shop="a tea shop"))
+    other_spec = JobSpec(domain={"shop": "a tea shop"})
     assert counts(plan_enrichment(session_factory, catalog_of(products(6), other_spec, path), MODEL)) == (6, 0, 6, 0)
     full = plan_enrichment(session_factory, catalog, MODEL, full=True)
     assert counts(full) == (6, 0, 0, 6) and full.full
     # a spec that also extracts attributes is another spec: all are redone
-    extracting = catalog_of(products(6), dataclasses.replace(load_spec("bigbasket"), columns=JobSpec().columns), path)
+    extracting = catalog_of(products(6), load_spec("bigbasket").model_copy(update={"columns": JobSpec().columns}), path)
     plan = plan_enrichment(session_factory, extracting, MODEL)
     assert plan.num_unchanged == 0
     # its attribute jobs never finish: those products are not done yet
@@ -97,3 +99,10 @@ def test_a_new_spec_or_model_redoes_every_product_and_full_redoes_all(session_fa
     # another catalog's rows never count
     elsewhere = catalog_of(products(6), path="/data/other.csv")
     assert counts(plan_enrichment(session_factory, elsewhere, MODEL)) == (6, 6, 0, 0)
+
+
+def test_the_spec_version_of_the_shipped_specs_is_stable():
+    """A stored fingerprint holds the spec version: if it changed, every product would be enriched
+    again after an upgrade that changed no prompt."""
+    assert [spec_version(s) for s in (JobSpec(), load_spec("flipkart"), load_spec("bigbasket"))] == [
+        "45119422c1f22e9b", "823958a184ebf434", "59e673c6dde6e994"]

@@ -41,7 +41,10 @@ def test_relative_taxonomy_file_is_resolved_against_the_spec(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ('[colums]\nid = "x"\n', "unknown table [colums]"),
     ('[columns]\nsku = "x"\n', "[columns] has unknown key 'sku'"),
-    ('[columns]\nid = 5\n', "[columns] id must be a str, got 5"),
+    ('[columns]\nid = 5\n', "[columns] id must be a string, got 5"),
+    ('[taxonomy]\njson_list = 1\n', "[taxonomy] json_list must be a boolean, got 1"),
+    ('[taxonomy]\nlevel = "2"\n', "[taxonomy] level must be an integer, got '2'"),
+    ('[taxonomy]\nlevel = 2.0\n', "[taxonomy] level must be an integer, got 2.0"),
     ('[taxonomy]\nsource = "web"\n', "[taxonomy] source must be one of column, file, got 'web'"),
     ('[taxonomy]\nsource = "file"\n', "[taxonomy] file must name a taxonomy file"),
     ('[taxonomy]\nlevel = 0\n', "[taxonomy] level must be >= 1, got 0"),
@@ -122,7 +125,7 @@ def test_an_unknown_spec_name_lists_the_shipped_specs():
     with pytest.raises(SpecError) as info:
         load_spec("nosuch")
     assert str(info.value) == ("no shipped spec 'nosuch' (shipped: bigbasket, flipkart); or give the path of a "
-                               "TOML spec file (layout in jobs/spec.py)")
+                               "TOML spec file (layout in jobs/catalog/spec.py)")
 
 
 def test_enrich_help_names_the_shipped_specs():

@@ -268,7 +268,7 @@ def test_enrich_missing_column(tmp_path):
     assert done.returncode == 2
     assert done.stderr == (
         f"weir enrich: {path}: no column 'category'; header is ['index', 'product']; name the columns with "
-        "--category-col or in a job spec (--spec FILE, layout in jobs/spec.py)\n")
+        "--category-col or in a job spec (--spec FILE, layout in jobs/catalog/spec.py)\n")
 
 
 def test_enrich_wrong_columns_name_the_flags_and_the_shipped_spec_the_header_fits(tmp_path):
@@ -278,7 +278,7 @@ def test_enrich_wrong_columns_name_the_flags_and_the_shipped_spec_the_header_fit
     done = weir("enrich", str(other), env_overrides=env)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", (
         f"weir enrich: {other}: no column 'index', 'product'; header is ['sku', 'title', 'category']; name the "
-        "columns with --id-col, --product-col or in a job spec (--spec FILE, layout in jobs/spec.py)\n"))
+        "columns with --id-col, --product-col or in a job spec (--spec FILE, layout in jobs/catalog/spec.py)\n"))
     flipkart = tmp_path / "flipkart.csv"  # the header of ../shared/data/flipkart_products.csv, shortened
     flipkart.write_text("uniq_id,product_name,product_category_tree,description,brand\n"
                         '1,Tea,"[""Drinks >> Tea""]",Green.,Leafy\n')
@@ -287,7 +287,7 @@ def test_enrich_wrong_columns_name_the_flags_and_the_shipped_spec_the_header_fit
         f"weir enrich: {flipkart}: no column 'index', 'product', 'category'; header is ['uniq_id', 'product_name', "
         "'product_category_tree', 'description', 'brand']; the header fits the shipped spec flipkart (--spec "
         "flipkart); or name the columns with --id-col, --product-col, --category-col or in a job spec (--spec "
-        "FILE, layout in jobs/spec.py)\n"))
+        "FILE, layout in jobs/catalog/spec.py)\n"))
 
 
 def test_enrich_refuses_a_catalog_that_is_not_utf_8_unless_its_encoding_is_given(tmp_path):
@@ -369,9 +369,11 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     assert done.stderr.splitlines()[:2] == [
         "weir enrich: no WEIR_BROKER_URL, running an in-process worker; results in sqlite:///weir.db",
         f"weir enrich: loading model {os.path.basename(tiny_model_dir)} ({tiny_model_dir})"]
-    # the whole command: starting Python, loading the model, the batch, the summary
-    wall_s = float(re.search(r"^wall time: +([0-9.]+) s \(the batch [0-9.]+ s\)$", done.stdout, re.M).group(1))
-    assert real_s - 2.0 <= wall_s <= real_s
+    # the whole command: starting Python, loading the model, the batch, the summary; so more than
+    # the batch, no more than the test saw, and most of it (Python's start before the clock is not)
+    found = re.search(r"^wall time: +([0-9.]+) s \(the batch ([0-9.]+) s\)$", done.stdout, re.M)
+    wall_s, batch_s = float(found.group(1)), float(found.group(2))
+    assert batch_s < wall_s <= real_s and wall_s >= real_s / 2
     assert "jobs:                6 succeeded, 0 failed" in done.stdout
     assert "category accuracy:" in done.stdout and "over 2 products" in done.stdout
     with sqlite3.connect(tmp_path / "weir.db") as db:
@@ -623,7 +625,7 @@ def test_enrich_with_an_unknown_spec_name_lists_the_shipped_specs(tmp_path):
     done = weir("enrich", "c.csv", "--spec", "nosuch", env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
     assert (done.returncode, done.stderr) == (2, "weir enrich: no shipped spec 'nosuch' (shipped: bigbasket, "
                                                  "flipkart); or give the path of a TOML spec file (layout in "
-                                                 "jobs/spec.py)\n")
+                                                 "jobs/catalog/spec.py)\n")
 
 
 def test_enrich_says_which_rows_it_skipped(tmp_path):
