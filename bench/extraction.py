@@ -26,7 +26,7 @@ import os
 import time
 
 from weir.jobs.catalog.enrichment import catalog_key, extract_request, read_catalog
-from weir.jobs.catalog.extraction import TRUTH_FIELDS, normalise, read_truth, values_match
+from bench.ground_truth import TRUTH_FIELDS, normalise, read_truth, values_match
 from weir.jobs.catalog.spec import load_spec
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")

@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from weir.jobs.catalog.enrichment import extract_request, read_catalog
-from weir.jobs.catalog.extraction import TRUTH_FIELDS, parse_specifications, read_truth, values_match
+from bench.ground_truth import TRUTH_FIELDS, parse_specifications, read_truth, values_match
 from weir.jobs.catalog.spec import load_spec
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
