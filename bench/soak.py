@@ -19,7 +19,7 @@ inference. Each killed worker is started again at once. At the end it counts, fr
 - ``redelivered``: jobs started more than once (``attempts > 1``), which is allowed;
 - engine runs per job (each logged by the fault tests' hook, ``tests/worker/crash_hook``): no
   job may run more often than its ``attempts``;
-- batches whose counters differ from a recount (:func:`weir.jobs.store.reconcile_batches`);
+- batches whose counters differ from a recount (:func:`weir.jobs.counters.reconcile_batches`);
 
 and prints them with the throughput (jobs per second from the first publish to the last result).
 Exit status 0 when all of lost, duplicated, jobs over their attempts and drifted batches are 0.
@@ -51,12 +51,12 @@ def run(args: argparse.Namespace) -> int:
     from sqlalchemy import func, select
 
     from weir import migrations
-    from weir.jobs import store
+    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+    from weir.jobs import counters
     from weir.jobs.client import Client
     from weir.jobs.db import Job, JobStatus, ProductEnrichment
     from weir.jobs.schemas import GenerateRequest
     from weir.jobs.testing import save_tiny_chat_model, temporary_postgres_database
-    from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
     rng = random.Random(args.seed)
     workdir = tempfile.mkdtemp(prefix="weir-soak-")
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             num_products = session.scalar(select(func.count(func.distinct(ProductEnrichment.product_id))))
             attempts = {str(job_id): n for job_id, n in session.execute(select(Job.id, Job.attempts).where(in_batches))}
         with client.session_factory.begin() as session:  # the counters against a recount
-            drifted = store.reconcile_batches(session, batch_ids)
+            drifted = counters.reconcile_batches(session, batch_ids)
         with open(run_log) as f:
             engine_runs = collections.Counter(f.read().split())
         client.close()

@@ -30,11 +30,11 @@ from kombu.utils.url import maybe_sanitize_url
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from sqlalchemy.exc import IntegrityError
 
-from weir.jobs import names, store
-from weir.jobs.retry import retry_on_conflict
+from weir.jobs import batches, counters, names, outbox
 from weir.jobs.db import Batch, BatchStatus, Job, engine_for, make_session_factory, utcnow
 from weir.jobs.model_info import PromptChecker
 from weir.jobs.publisher import JobPublisher
+from weir.jobs.retry import retry_on_conflict
 from weir.jobs.schemas import (
     INTERACTIVE_PRIORITY, SAMPLING_FIELDS, ClassifyRequest, GenerateRequest, JobRequest, Priority,
     check_json, parse_request,
@@ -59,7 +59,7 @@ DEFAULT_CHUNK_SIZE = 5_000
 
 ANALYZE_AFTER_NUM_JOBS = 5_000
 """A batch of at least this many jobs refreshes the planner's statistics of ``jobs`` once stored
-(:func:`weir.jobs.store.analyze_jobs`), so the workers' claims look jobs up by id from the start."""
+(:func:`weir.jobs.batches.analyze_jobs`), so the workers' claims look jobs up by id from the start."""
 
 DEFAULT_PAGE_SIZE = 1_000
 """Job rows per read when results are streamed."""
@@ -351,7 +351,7 @@ class Client:
            (length in one tokenizer call, ``max_logprobs``, the vocabulary), and inserted in their own transaction;
         4. one transaction sets ``num_jobs`` and makes the batch ``queued`` (a batch of
            :data:`ANALYZE_AFTER_NUM_JOBS` or more then refreshes the planner's statistics of
-           ``jobs``, :func:`weir.jobs.store.analyze_jobs`);
+           ``jobs``, :func:`weir.jobs.batches.analyze_jobs`);
         5. one message per job is published, in batch-index order, ``chunk_size`` messages per
            broker round trip on Redis; each chunk's ``published_at`` is stamped just before it goes.
 
@@ -418,14 +418,14 @@ class Client:
         try:
             self._store_jobs(batch_id, itertools.chain([first], remaining), chunk_size, timings, priority)
             with self.session_factory.begin() as session:
-                store.queue_batch(session, batch_id, timings.num_jobs)
+                batches.queue_batch(session, batch_id, timings.num_jobs)
         except BaseException:
             self._delete_batch(batch_id)
             raise
         if timings.num_jobs >= ANALYZE_AFTER_NUM_JOBS:
             try:
                 with self.session_factory.begin() as session:
-                    store.analyze_jobs(session)
+                    batches.analyze_jobs(session)
             except Exception as exc:  # the batch is stored; claims are only slower until autovacuum runs
                 logger.warning("batch %s: cannot refresh the statistics of jobs (ANALYZE): %s", batch_id, exc)
         started = time.perf_counter()
@@ -452,8 +452,8 @@ class Client:
 
         def insert() -> uuid.UUID:
             with self.session_factory.begin() as session:
-                return store.begin_batch(session, model=self.model, metadata=metadata,
-                                         idempotency_key=idempotency_key).id
+                return batches.begin_batch(session, model=self.model, metadata=metadata,
+                                           idempotency_key=idempotency_key).id
 
         try:
             return insert(), True
@@ -461,7 +461,7 @@ class Client:
             if idempotency_key is None:
                 raise
         with self.session_factory() as session:
-            existing = store.batch_with_key(session, idempotency_key)
+            existing = batches.batch_with_key(session, idempotency_key)
         if existing is not None:
             return existing.id, False
         return insert(), True  # its producer failed and deleted it since: the key is free again
@@ -484,8 +484,8 @@ class Client:
                 # before its messages go, and until then the sweeper (which takes queued jobs
                 # published before the queue's oldest message) leaves the rest alone; should
                 # this producer die, they are swept once that time has passed.
-                store.add_jobs(session, batch_id, parsed, first_index=first_index, model=self.model,
-                               published_at=utcnow() + timedelta(seconds=PUBLISH_ALLOWANCE_S))
+                batches.add_jobs(session, batch_id, parsed, first_index=first_index, model=self.model,
+                                 published_at=utcnow() + timedelta(seconds=PUBLISH_ALLOWANCE_S))
             timings.num_jobs += len(parsed)
             timings.validate_s += validated - started
             timings.store_s += time.perf_counter() - validated
@@ -493,7 +493,7 @@ class Client:
     def _delete_batch(self, batch_id: uuid.UUID) -> None:
         try:
             with self.session_factory.begin() as session:
-                store.delete_batch(session, batch_id)
+                batches.delete_batch(session, batch_id)
         except Exception:  # never published, so never run; the original error matters more
             logger.exception("batch %s: cannot delete the batch left validating", batch_id)
 
@@ -505,7 +505,7 @@ class Client:
 
         def stamp(first_index: int) -> list[uuid.UUID]:
             with self.session_factory.begin() as session:
-                return store.stamp_published(session, batch_id, first_index, chunk_size, utcnow())
+                return outbox.stamp_published(session, batch_id, first_index, chunk_size, utcnow())
 
         num_published = 0
         try:
@@ -528,7 +528,7 @@ class Client:
             try:
                 for first_index in range(num_published, num_jobs, chunk_size):
                     with self.session_factory.begin() as session:
-                        store.stamp_published(session, batch_id, first_index, chunk_size, None)
+                        outbox.stamp_published(session, batch_id, first_index, chunk_size, None)
             except Exception:  # the sweeper still finds them, once the queue has moved past them
                 logger.exception("batch %s: cannot mark %d jobs unpublished", batch_id, num_jobs - num_published)
             raise PublishError(batch_id, num_jobs - num_published, exc) from exc
@@ -551,7 +551,7 @@ class Client:
             unpublished = job_ids[num_published:]
             try:
                 with self.session_factory.begin() as session:
-                    store.mark_published(session, unpublished, None)
+                    outbox.mark_published(session, unpublished, None)
             except Exception:  # the sweeper still finds them, one deadline later
                 logger.exception("batch %s: cannot mark %d jobs unpublished", batch_id, len(unpublished))
             raise PublishError(batch_id, len(unpublished), exc) from exc
@@ -584,7 +584,7 @@ class Client:
                 job_ids = take_lost_jobs(session, redis, model=self.model, queue=self.queue,
                                          grace_s=grace_s, limit=limit)
         with self.session_factory.begin() as session:
-            stale = store.delete_stale_validating(
+            stale = batches.delete_stale_validating(
                 session, created_before=utcnow() - timedelta(seconds=STALE_VALIDATING_S))
         if stale:
             logger.warning("sweep: deleted %d batches left validating by a producer that died", len(stale))
@@ -616,9 +616,9 @@ class Client:
 
     def reconcile(self) -> list:
         """Recount every unfinished batch from its jobs and repair what differs (see
-        :func:`weir.jobs.store.reconcile_batches`); returns the repaired batches."""
+        :func:`weir.jobs.counters.reconcile_batches`); returns the repaired batches."""
         with self.session_factory.begin() as session:
-            return store.reconcile_batches(session)
+            return counters.reconcile_batches(session)
 
     def num_waiting_messages(self) -> int:
         """Messages waiting in the model's queues (:func:`weir.jobs.names.job_queues`: bulk,
@@ -658,12 +658,12 @@ class Client:
             LookupError: no such batch.
         """
         with self.session_factory() as session:
-            return BatchProgress.of(store.get_batch(session, _as_uuid(batch_id)))
+            return BatchProgress.of(batches.get_batch(session, _as_uuid(batch_id)))
 
     def recent_batches(self, limit: int = 20) -> list[BatchProgress]:
         """The ``limit`` most recently created batches, newest first."""
         with self.session_factory() as session:
-            return [BatchProgress.of(batch) for batch in store.recent_batches(session, limit)]
+            return [BatchProgress.of(batch) for batch in batches.recent_batches(session, limit)]
 
     def wait(
         self,
@@ -716,7 +716,7 @@ class Client:
         """The batch's job rows in submission order (detached, readable after the call); for a
         large batch use :meth:`iter_jobs`."""
         with self.session_factory() as session:
-            return store.list_jobs(session, _as_uuid(batch_id))
+            return batches.list_jobs(session, _as_uuid(batch_id))
 
     def iter_jobs(self, batch_id: BatchId, *, page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Job]:
         """The batch's job rows in submission order (batch index), streamed page by page.
@@ -732,7 +732,7 @@ class Client:
         first_index = 0
         while True:
             with self.session_factory() as session:
-                page = store.jobs_page(session, batch_uuid, first_index=first_index, limit=page_size)
+                page = batches.jobs_page(session, batch_uuid, first_index=first_index, limit=page_size)
             yield from page
             if len(page) < page_size:
                 return
@@ -778,26 +778,26 @@ class Client:
             }
 
     def cancel(self, batch_id: BatchId) -> BatchProgress:
-        """Cancel the batch's queued and running jobs (see :func:`weir.jobs.store.cancel_batch`).
+        """Cancel the batch's queued and running jobs (see :func:`weir.jobs.batches.cancel_batch`).
 
         Raises:
             LookupError: no such batch.
         """
         def cancel():
             with self.session_factory.begin() as session:
-                return BatchProgress.of(store.cancel_batch(session, _as_uuid(batch_id)))
+                return BatchProgress.of(batches.cancel_batch(session, _as_uuid(batch_id)))
 
         return retry_on_conflict(cancel)
 
     def cancel_job(self, job_id: BatchId) -> Job:
-        """Cancel one queued or running job (see :func:`weir.jobs.store.cancel_job`).
+        """Cancel one queued or running job (see :func:`weir.jobs.batches.cancel_job`).
 
         Raises:
             LookupError: no such job.
         """
         def cancel():
             with self.session_factory.begin() as session:
-                return store.cancel_job(session, _as_uuid(job_id))
+                return batches.cancel_job(session, _as_uuid(job_id))
 
         return retry_on_conflict(cancel)
 

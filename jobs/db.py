@@ -135,7 +135,7 @@ class Batch(Base):
 
     Invariant: ``num_succeeded + num_failed + num_cancelled <= num_jobs``, equal once the batch is
     finished. The counters move by the number of real job transitions in the same transaction as
-    those transitions (never a recount under a lock); ``weir.jobs.store.reconcile_batches`` recounts
+    those transitions (never a recount under a lock); ``weir.jobs.counters.reconcile_batches`` recounts
     and repairs. ``idempotency_key`` (unique, optional): a second batch with the same key is never
     created (the nightly enrichment's catalog and scheduled slot).
     """

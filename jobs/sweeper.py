@@ -39,7 +39,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any, Optional, Sequence
 
-from weir.jobs import names, store
+from weir.jobs import names, outbox
 from weir.jobs.db import utcnow
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def queue_horizon(session: Any, connection: Any, queue: str, grace_s: float) -> 
         head = [now.isoformat(), None, None]  # everything published so far has left the queue
     else:
         job_id = oldest_waiting_job(connection, queue)
-        row = None if job_id is None else store.publish_position(session, job_id)
+        row = None if job_id is None else outbox.publish_position(session, job_id)
         if row is not None:
             head = [row[0].isoformat(), str(row[1]), row[2]]
     key = HISTORY_KEY.format(queue=queue)
@@ -133,13 +133,13 @@ def queued_horizon(session: Any, connection: Any, queues: Sequence[str], grace_s
 def take_lost_jobs(session: Any, connection: Any, *, model: str, queue: str, grace_s: float,
                    limit: int) -> list[uuid.UUID]:
     """The jobs whose message is missing, stamped published now (not committed; see
-    :func:`weir.jobs.store.take_jobs_to_publish`). ``connection`` is None on a broker that is not
+    :func:`weir.jobs.outbox.take_jobs_to_publish`). ``connection`` is None on a broker that is not
     Redis: then only never-published jobs and expired leases are taken."""
     horizon = None
     if connection is not None:
         horizon = queued_horizon(session, connection, [
             level for q in names.job_queues(queue) for level in priority_lists(connection, q)], grace_s)
-    return store.take_jobs_to_publish(
+    return outbox.take_jobs_to_publish(
         session, model=model, older_than=utcnow() - timedelta(seconds=grace_s), limit=limit,
         queued_before=None if horizon is None else horizon[0],
         queued_before_job=None if horizon is None or horizon[1] is None else (horizon[1], horizon[2]),

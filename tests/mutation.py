@@ -1,7 +1,8 @@
 """Mutation testing of the guard modules with cosmic-ray (https://cosmic-ray.readthedocs.io).
 
 The guards behind README "Guarantees": claims, leases and the fenced result write
-(``jobs/store.py``), the sweeper (``jobs/sweeper.py`` and its read in ``jobs/store.py``), group
+(``jobs/claims.py``, ``jobs/results.py``), the sweeper (``jobs/sweeper.py`` and its read in
+``jobs/outbox.py``), group
 commit (``worker/group_commit.py``) and the delivery settings (``worker/app.py``). Each target
 names the functions mutated (all of a module when None) and the tests that cover them; cosmic-ray
 mutates one operator at a time **in the files on disk**, runs the tests (``pytest -x``), and
@@ -67,10 +68,11 @@ TARGETS = (
            ("transport_options", "delivery_conf", "make_app", "worker_concurrency", "interactive_concurrency",
             "pool_threads", "DeadLetterConsumer"),
            ("tests/worker/test_app.py", "tests/worker/test_make_worker.py")),
-    Target("claims", "jobs/store.py",
-           ("claim_jobs", "_claim_sql", "claim_job", "renew_leases", "release_jobs", "record_results"),
+    Target("claims", "jobs/claims.py", ("claim_jobs", "_claim_sql", "renew_leases", "release_jobs"),
            ("tests/jobs/test_store.py", "tests/worker/test_attempt.py")),
-    Target("sweeper_read", "jobs/store.py", ("take_jobs_to_publish", "mark_published"),
+    Target("results", "jobs/results.py", ("record_results",),
+           ("tests/jobs/test_store.py", "tests/worker/test_attempt.py")),
+    Target("sweeper_read", "jobs/outbox.py", ("take_jobs_to_publish", "mark_published"),
            ("tests/jobs/test_sweeper.py", "tests/jobs/test_store.py")),
     Target("group_commit", "worker/group_commit.py", None,
            ("tests/worker/test_attempt.py", "tests/worker/test_runtime.py")),

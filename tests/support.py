@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import uuid
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import pytest
+from sqlalchemy.orm import Session
 
+from weir.jobs.batches import add_jobs, begin_batch, list_jobs, queue_batch
+from weir.jobs.claims import claim_jobs
+from weir.jobs.db import Batch, Job, utcnow
+from weir.jobs.results import JobResult, record_results
+from weir.jobs.schemas import JobRequest
 from weir.worker.testing import service_urls
 
 # Test-only knobs (the project's own settings come from weir.config).
@@ -67,3 +74,55 @@ def tiny_chat_model_dir(tmp_path_factory) -> str:
 
         _tiny_model_dir = save_tiny_chat_model(str(tmp_path_factory.mktemp("tiny-chat-llama")))
     return _tiny_model_dir
+
+
+# The one-job forms of the store's group operations, which only tests use.
+
+
+def create_batch(
+    session: Session,
+    requests: Sequence[JobRequest],
+    *,
+    model: str,
+    metadata: Optional[dict[str, Any]] = None,
+) -> tuple[Batch, list[Job]]:
+    """Add a queued batch and one queued job per request in this session (flushed, not committed).
+
+    The small-batch form of what :meth:`weir.jobs.client.Client.enqueue_batch` does chunk by chunk:
+    :func:`weir.jobs.batches.begin_batch`, :func:`~weir.jobs.batches.add_jobs`, :func:`~weir.jobs.batches.queue_batch`.
+
+    Args:
+        requests: validated requests; a request without ``custom_id`` gets its position as one.
+        model: the model name the jobs are for (also the queue they go to).
+        metadata: free JSON kept on the batch.
+
+    Returns:
+        The batch and its jobs in request order.
+
+    Raises:
+        ValueError: two requests share a ``custom_id``, or ``metadata`` is not plain JSON (the
+            message names the field, see :func:`weir.jobs.schemas.check_json`).
+    """
+    batch = begin_batch(session, model=model, metadata=metadata)
+    add_jobs(session, batch.id, requests, first_index=0, model=model, published_at=utcnow())
+    queue_batch(session, batch.id, len(requests))
+    return batch, list_jobs(session, batch.id)
+
+
+def claim_job(
+    session: Session,
+    job_id: uuid.UUID,
+    *,
+    worker: Optional[str] = None,
+    max_attempts: Optional[int] = None,
+    lease_s: float = 600.0,
+) -> Optional[Job]:
+    """:func:`weir.jobs.claims.claim_jobs` for one job: the job as claimed, or None when there is nothing to run
+    (finished, out of attempts, held under a live lease by another claim, or unknown)."""
+    claim = claim_jobs(session, [job_id], worker=worker, lease_s=lease_s, max_attempts=max_attempts)[job_id]
+    return claim.job
+
+
+def record_result(session: Session, job: Job, result: JobResult) -> bool:
+    """:func:`weir.jobs.results.record_results` for one job. Returns True when the row took this result."""
+    return job.id in record_results(session, [(job, result)])

@@ -278,13 +278,13 @@ def cmd_db(args: argparse.Namespace) -> int:
 
         print(f"created database {make_url(url).database}")
     if args.db_command == "reconcile":
-        from weir.jobs import store
+        from weir.jobs import counters
         from weir.jobs.db import engine_for, make_session_factory
 
         engine = engine_for(get_settings().database)
         try:
             with make_session_factory(engine).begin() as session:
-                repaired = store.reconcile_batches(session)
+                repaired = counters.reconcile_batches(session)
         finally:
             engine.dispose()
         for fix in repaired:

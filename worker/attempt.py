@@ -28,10 +28,11 @@ from typing import Any, Callable, Optional, TypeVar
 
 from celery.utils.time import get_exponential_backoff_interval
 
-from weir.jobs import store
+from weir.jobs import results
+from weir.jobs.claims import ClaimStatus
 from weir.jobs.db import Job, utcnow
+from weir.jobs.results import JobResult
 from weir.jobs.retry import first_line, is_transient, retry
-from weir.jobs.store import ClaimStatus, JobResult
 from weir.worker.group_commit import DatabaseUnavailable
 from weir.worker.runtime import EngineFailed, EngineStopping, JobCancelled, JobTimedOut, WorkerRuntime
 
@@ -205,8 +206,8 @@ def dead_letter(runtime: Any, *, body: Any, reason: str, queue: Optional[str], t
 
     def transaction() -> None:
         with runtime.session_factory.begin() as session:
-            store.record_dead_letter(session, body=body, reason=reason, queue=queue, task=task,
-                                     message_id=message_id)
+            results.record_dead_letter(session, body=body, reason=reason, queue=queue, task=task,
+                                       message_id=message_id)
 
     logger.error("dead letter (task %s, id %s): %s", task, message_id, reason)
     with_db_retry(runtime, "dead letter", transaction)

@@ -34,9 +34,10 @@ from typing import Any, Optional
 
 from celery.utils.time import get_exponential_backoff_interval
 
+from weir.jobs.claims import ClaimStatus
 from weir.jobs.db import Job, JobKind, JobStatus
+from weir.jobs.results import JobResult
 from weir.jobs.schemas import parse_request
-from weir.jobs.store import ClaimStatus, JobResult
 from weir.worker.attempt import MalformedMessage, Outcome, held_wait_s, release_lease, with_db_retry
 from weir.worker.group_commit import DatabaseUnavailable
 from weir.worker.runtime import WorkerRuntime

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 
-from weir.jobs import applications, store
+from weir.jobs import applications
+from weir.jobs.claims import Claim, ClaimStatus, claim_jobs, release_jobs
 from weir.jobs.db import Job, watchdog
+from weir.jobs.results import JobResult, record_results
 from weir.jobs.retry import first_line, is_transient, retry
-from weir.jobs.store import Claim, ClaimStatus, JobResult
 from weir.worker.metrics import DB_WRITE_LANES
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class GroupCommitter:
     # ---- task-thread side ---------------------------------------------------------------------
 
     def claim(self, job_id: uuid.UUID) -> Claim:
-        """Claim one job as a lease (see :func:`weir.jobs.store.claim_jobs`); blocks until committed.
+        """Claim one job as a lease (see :func:`weir.jobs.claims.claim_jobs`); blocks until committed.
 
         Raises:
             DatabaseUnavailable: transient errors outlasted ``retry_timeout_s``.
@@ -160,7 +161,7 @@ class GroupCommitter:
 
     def release(self, job: Job, *, refund_attempt: bool = False) -> bool:
         """Give a claimed job's lease back unfinished (it becomes ``queued``; see
-        :func:`weir.jobs.store.release_jobs`); blocks until committed. Returns True when it was still
+        :func:`weir.jobs.claims.release_jobs`); blocks until committed. Returns True when it was still
         held under this claim."""
         return self._submit(_Op("release", job.id, self._deadline(), job=job, refund_attempt=refund_attempt))
 
@@ -284,15 +285,15 @@ class GroupCommitter:
             written: set[uuid.UUID] = set()
             if finishes:
                 pairs = [(op.job, op.result) for op in finishes]
-                written = store.record_results(session, pairs)
+                written = record_results(session, pairs)
                 for project in self.projections.values():  # the applications' rows, same transaction
                     project(session, [p for p in pairs if p[0].id in written], model=self.model_name())
             released = set()
             for refund in (False, True):
                 leases = [(op.job.id, op.job.lease_token) for op in releases if op.refund_attempt == refund]
-                released |= store.release_jobs(session, leases, refund_attempt=refund)
-            claimed = store.claim_jobs(session, [op.job_id for op in claims], worker=self.worker,
-                                       lease_s=self.lease_s, max_attempts=self.max_attempts)
+                released |= release_jobs(session, leases, refund_attempt=refund)
+            claimed = claim_jobs(session, [op.job_id for op in claims], worker=self.worker,
+                                 lease_s=self.lease_s, max_attempts=self.max_attempts)
         answers = []
         handed: set[uuid.UUID] = set()
         for op in group:

@@ -19,14 +19,14 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Optional
 
-from weir.jobs import applications, store
-from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
+from weir.config import Settings, get_settings
 from weir.engine.sampling_params import SamplingParams
+from weir.jobs import applications, claims
+from weir.jobs.db import Job, JobKind, JobStatus, engine_for, make_session_factory, watchdog
 from weir.jobs.model_info import too_long_for_output
+from weir.jobs.results import JobResult, parse_json_output
 from weir.jobs.retry import first_line, is_transient
 from weir.jobs.schemas import GenerateRequest, JobRequest, parse_request
-from weir.jobs.store import JobResult, parse_json_output
-from weir.config import Settings, get_settings
 from weir.worker.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
@@ -237,7 +237,7 @@ class WorkerRuntime:
                 continue
             try:
                 with self.session_factory.begin() as session, watchdog(session, self._watchdog_s):
-                    renewed = store.renew_leases(session, leases, worker=self._worker_name, lease_s=settings.lease_s)
+                    renewed = claims.renew_leases(session, leases, worker=self._worker_name, lease_s=settings.lease_s)
             except Exception as exc:  # the next round tries again; the lease has slack for it
                 if not is_transient(exc):
                     logger.exception("cannot renew leases")

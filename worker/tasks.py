@@ -2,9 +2,10 @@
 
 ``run_job`` hands one delivery to :func:`weir.worker.attempt.run_attempt` (claim, run, store) and maps
 its outcome onto Celery: return (ack), ``Reject(requeue=True)`` (back to the queue) or
-``retry`` (published again after a backoff). Logic lives in ``weir.worker.attempt``, ``weir.jobs.store``
-(database) and ``weir.worker.runtime`` (engine). The applications' own tasks (the catalog's
-nightly run) are in their packages (:data:`weir.jobs.applications.TASKS`).
+``retry`` (published again after a backoff). Logic lives in ``weir.worker.attempt``,
+``weir.jobs.claims`` and ``weir.jobs.results`` (database) and ``weir.worker.runtime`` (engine). The
+applications' own tasks (the catalog's nightly run) are in their packages
+(:data:`weir.jobs.applications.TASKS`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import logging
 from celery.exceptions import Reject
 from celery.utils.time import get_exponential_backoff_interval
 
-from weir.jobs import names
 from weir.config import get_settings
+from weir.jobs import names
 from weir.worker.app import app, model_queue
 from weir.worker.attempt import MalformedMessage, Outcome, dead_letter, parse_job_id, run_attempt
 from weir.worker.runtime import get_runtime

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from weir.jobs.catalog.quality import description_quality
 from weir.jobs.db import Batch, Job, JobKind, JobStatus, ProductEnrichment, utcnow
-from weir.jobs.store import JobResult, uuid_literal
+from weir.jobs.results import JobResult, uuid_literal
 
 
 def project_results(session: Session, results: Sequence[tuple[Job, JobResult]], *, model: str) -> None:

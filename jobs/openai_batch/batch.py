@@ -11,7 +11,7 @@ from typing import Any, Optional
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from weir.jobs import store
+from weir.jobs import batches
 from weir.jobs.db import Batch, BatchStatus, utcnow
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
@@ -85,7 +85,7 @@ def expires_at(created_at: datetime, metadata: dict[str, Any]) -> datetime:
 
 def expire_if_due(session: Session, batch_id: uuid.UUID, now: Optional[datetime] = None) -> bool:
     """Expire the batch if its completion window has passed before it finished: cancel its
-    unfinished jobs (:func:`weir.jobs.store.cancel_batch`) and record ``expired_at``.
+    unfinished jobs (:func:`weir.jobs.batches.cancel_batch`) and record ``expired_at``.
 
     Returns:
         True when this call expired it.
@@ -94,11 +94,11 @@ def expire_if_due(session: Session, batch_id: uuid.UUID, now: Optional[datetime]
         LookupError: no such batch, or not one submitted from a request file.
     """
     now = _aware(now or utcnow())
-    batch = store.get_batch(session, batch_id)
+    batch = batches.get_batch(session, batch_id)
     fields = _fields(batch.meta)
     if batch.status not in (BatchStatus.QUEUED, BatchStatus.IN_PROGRESS) or now < expires_at(batch.created_at, batch.meta):
         return False
-    batch = store.cancel_batch(session, batch_id)
+    batch = batches.cancel_batch(session, batch_id)
     if batch.status != BatchStatus.CANCELLED:  # it finished meanwhile
         return False
     batch.meta = {**batch.meta, META_KEY: {**fields, "expired_at": unix_seconds(now)}}

@@ -10,11 +10,12 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from weir.jobs import store
+from tests import support
+from weir.jobs import batches, results
 from weir.jobs.catalog import store as catalog_store
 from weir.jobs.db import Batch, Job, JobStatus, ProductEnrichment, make_engine, make_session_factory
+from weir.jobs.results import NUL_REPLACEMENT, JobResult
 from weir.jobs.schemas import MAX_TEXT_CHARS, ClassifyRequest, GenerateRequest
-from weir.jobs.store import NUL_REPLACEMENT, JobResult
 
 JSON_VALUES = "not a JSON value (str, int, float, bool, None, list, dict)"
 
@@ -105,11 +106,11 @@ def test_a_5_mb_prompt_is_refused_at_enqueue_with_a_size_error(client, celery_ap
 
 def claimed_jobs(session_factory, requests):
     with session_factory.begin() as session:
-        _, jobs = store.create_batch(session, requests, model="tiny")
+        _, jobs = support.create_batch(session, requests, model="tiny")
     claimed = []
     for job in jobs:
         with session_factory.begin() as session:
-            claimed.append(store.claim_job(session, job.id))
+            claimed.append(support.claim_job(session, job.id))
     return claimed
 
 
@@ -123,7 +124,7 @@ def test_nul_characters_are_stored_as_replacement_characters_never_cut(session_f
                                                                                    "product_id": "nul-1"})])
     text = "before\x00after\x00"
     with session_factory.begin() as session:
-        assert store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text))
+        assert support.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text))
         catalog_store.record_enrichment(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text), model="t")
     stored = load_job(session_factory, job.id).output_text
     assert stored == f"before{NUL_REPLACEMENT}after{NUL_REPLACEMENT}" and len(stored) == len(text)
@@ -138,7 +139,7 @@ def test_nan_and_infinity_in_result_json_are_stored_as_null(session_factory):
     result = JobResult(status=JobStatus.SUCCEEDED, label="a",
                        label_probs={"a": math.nan, "b": math.inf, "c": 0.25})
     with session_factory.begin() as session:
-        assert store.record_result(session, job, result)
+        assert support.record_result(session, job, result)
         catalog_store.record_enrichment(session, job, result, model="t")
     assert load_job(session_factory, job.id).label_probs == {"a": None, "b": None, "c": 0.25}
     with session_factory() as session:
@@ -150,14 +151,14 @@ def test_same_job_twice_in_one_batched_upsert_keeps_one_row_with_the_success(ses
     ok_first = JobResult(status=JobStatus.SUCCEEDED, output_text="first")
     ok_second = JobResult(status=JobStatus.SUCCEEDED, output_text="second")
     with session_factory.begin() as session:
-        written = store.record_results(session, [
+        written = results.record_results(session, [
             (jobs[0], ok_first), (jobs[0], JobResult.failure("late")), (jobs[1], ok_first), (jobs[1], ok_second),
         ])
     assert written == {jobs[0].id, jobs[1].id}
     with session_factory() as session:
         rows = session.execute(select(Job.id, Job.status, Job.output_text, Job.error)
                                .where(Job.id.in_([j.id for j in jobs]))).all()
-        batch = store.get_batch(session, jobs[0].batch_id)
+        batch = batches.get_batch(session, jobs[0].batch_id)
     assert sorted(rows, key=lambda r: r.output_text) == [
         (jobs[0].id, JobStatus.SUCCEEDED, "first", None), (jobs[1].id, JobStatus.SUCCEEDED, "second", None)
     ]
@@ -179,7 +180,7 @@ def test_two_concurrent_writers_of_one_claim_store_one_outcome_counted_once(post
                 try:
                     start.wait()
                     with session_factory.begin() as session:
-                        if store.record_result(session, job, result):
+                        if support.record_result(session, job, result):
                             took.append(result.status)
                 except Exception as exc:  # surfaced below
                     errors.append(exc)
@@ -193,7 +194,7 @@ def test_two_concurrent_writers_of_one_claim_store_one_outcome_counted_once(post
             assert errors == []
             with session_factory() as session:
                 rows = session.execute(select(Job.status, Job.output_text, Job.error).where(Job.id == job.id)).all()
-                batch = store.get_batch(session, job.batch_id)
+                batch = batches.get_batch(session, job.batch_id)
             # The first to commit wins; a finished job is never changed again.
             [status] = took
             assert rows == [(JobStatus.SUCCEEDED, "won", None)] if status == JobStatus.SUCCEEDED else [
@@ -209,7 +210,7 @@ def test_unicode_round_trips_through_the_database(session_factory):
                                                            metadata={text: text})])
     result = JobResult(status=JobStatus.SUCCEEDED, label=text, label_probs={text: 0.5, "b": 0.5})
     with session_factory.begin() as session:
-        store.record_result(session, job, result)
+        support.record_result(session, job, result)
     stored = load_job(session_factory, job.id)
     assert stored.label.encode("utf-8") == text.encode("utf-8")
     assert stored.custom_id == text and stored.request["prompt"] == text

@@ -12,14 +12,14 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from weir.jobs import client as client_module
-from weir.jobs import names, store
+from tests import support
+from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+from weir.jobs import batches, claims, client as client_module, names
 from weir.jobs.client import BrokerNotConfigured, BrokerUnreachable, Client, PublishError
 from weir.jobs.db import Batch, BatchStatus, Job, JobStatus
 from weir.jobs.model_info import EngineLimitError, PromptTooLongError
+from weir.jobs.results import JobResult
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
-from weir.jobs.store import JobResult
-from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
 
 def published(celery_app, queue):
@@ -225,9 +225,9 @@ def test_wait_follows_progress_until_finished(client):
     def finish_all():
         for job in client.jobs(batch_id):
             with client.session_factory.begin() as session:
-                claimed = store.claim_job(session, job.id)
+                claimed = support.claim_job(session, job.id)
             with client.session_factory.begin() as session:
-                store.record_result(session, claimed, JobResult(status=JobStatus.SUCCEEDED, output_text="x"))
+                support.record_result(session, claimed, JobResult(status=JobStatus.SUCCEEDED, output_text="x"))
 
     threading.Timer(0.3, finish_all).start()
     bar = Bar()
@@ -490,16 +490,16 @@ def test_batch_length_checks_count_as_single_checks(client):
 
 def test_add_jobs_refuses_a_custom_id_the_batch_already_has_and_keeps_the_rest(session_factory):
     with session_factory.begin() as session:
-        batch = store.begin_batch(session, model="tiny")
-        store.add_jobs(session, batch.id, requests(2), first_index=0, model="tiny", published_at=None)
+        batch = batches.begin_batch(session, model="tiny")
+        batches.add_jobs(session, batch.id, requests(2), first_index=0, model="tiny", published_at=None)
         with pytest.raises(ValueError, match=r"custom_id 'c1' appears more than once in the batch \(batch index 3\)"):
-            store.add_jobs(session, batch.id, [GenerateRequest(prompt="x", custom_id="new"),
+            batches.add_jobs(session, batch.id, [GenerateRequest(prompt="x", custom_id="new"),
                                                GenerateRequest(prompt="y", custom_id="c1")],
-                           first_index=2, model="tiny", published_at=None)
-        store.queue_batch(session, batch.id, 2)
+                             first_index=2, model="tiny", published_at=None)
+        batches.queue_batch(session, batch.id, 2)
     with session_factory() as session:
-        assert [(j.batch_index, j.custom_id) for j in store.list_jobs(session, batch.id)] == [(0, "c0"), (1, "c1")]
-        stored = store.get_batch(session, batch.id)
+        assert [(j.batch_index, j.custom_id) for j in batches.list_jobs(session, batch.id)] == [(0, "c0"), (1, "c1")]
+        stored = batches.get_batch(session, batch.id)
         assert (stored.status, stored.num_jobs) == (BatchStatus.QUEUED, 2)
 
 
@@ -617,7 +617,7 @@ def test_a_large_batch_refreshes_the_statistics_so_a_claim_looks_its_jobs_up_by_
             with client.session_factory() as session:
                 ids = list(session.scalars(select(Job.id).where(Job.batch_id == batch_id, Job.batch_index < 8)))
                 now = datetime.datetime.now(datetime.timezone.utc)
-                [plan] = session.execute(text("EXPLAIN (FORMAT JSON) " + store._claim_sql("postgresql", "claim").text),
+                [plan] = session.execute(text("EXPLAIN (FORMAT JSON) " + claims._claim_sql("postgresql", "claim").text),
                                            dict(ids=ids, now=now, expires=now, worker="w", max_attempts=3)).scalar()
                 last_analyze = session.scalar(text("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'jobs'"))
         finally:

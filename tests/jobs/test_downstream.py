@@ -5,18 +5,21 @@
 import json
 import os
 import re
-import uuid
 from datetime import datetime, timezone
 
 import psycopg
 import pytest
 from sqlalchemy import make_url, text
 
-from weir.jobs import store
+from tests import support
+from weir.jobs.batches import (
+    add_jobs, begin_batch, cancel_batch, cancel_job, delete_batch, get_batch, list_jobs, queue_batch,
+)
 from weir.jobs.catalog import store as catalog_store
+from weir.jobs.claims import claim_jobs
 from weir.jobs.db import JobStatus, make_engine, make_session_factory
+from weir.jobs.results import JobResult, record_results, uuid_literal
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
-from weir.jobs.store import JobResult
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "downstream.md")
 CATALOG = "/data/catalog.csv"
@@ -121,18 +124,18 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
     ]
     # The transactions of Client.enqueue_batch, then of the workers.
     with pg_sessions.begin() as session:
-        batch_id = store.begin_batch(session, model="tiny",
-                                     metadata={"kind": "catalog_enrichment", "catalog": CATALOG}).id
+        batch_id = begin_batch(session, model="tiny",
+                               metadata={"kind": "catalog_enrichment", "catalog": CATALOG}).id
     with pg_sessions.begin() as session:
-        store.add_jobs(session, batch_id, requests, first_index=0, model="tiny", published_at=None)
-        store.queue_batch(session, batch_id, len(requests))
+        add_jobs(session, batch_id, requests, first_index=0, model="tiny", published_at=None)
+        queue_batch(session, batch_id, len(requests))
     with pg_sessions() as session:
-        job_ids = [job.id for job in store.list_jobs(session, batch_id)]
+        job_ids = [job.id for job in list_jobs(session, batch_id)]
     with pg_sessions.begin() as session:
-        claims = store.claim_jobs(session, job_ids[:6], worker="w1", lease_s=60)
+        claims = claim_jobs(session, job_ids[:6], worker="w1", lease_s=60)
     jobs = [claims[job_id].job for job_id in job_ids[:6]]
     with pg_sessions.begin() as session:  # moves num_cancelled, not the status
-        store.cancel_job(session, job_ids[6])
+        cancel_job(session, job_ids[6])
     outcomes = [
         (jobs[0], ok(label="Tea", label_probs={"Tea": 0.75, "Soap": 0.25})),
         (jobs[1], ok(output_text="Fresh green tea.")),
@@ -142,7 +145,7 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
         (jobs[5], ok(label="Soap", label_probs={"Tea": 0.5, "Soap": 0.5})),
     ]
     with pg_sessions.begin() as session:
-        written = store.record_results(session, outcomes)
+        written = record_results(session, outcomes)
         catalog_store.record_enrichments(session, [o for o in outcomes if o[0].id in written], model="tiny")
 
     received = changes(listener, conninfo)
@@ -153,8 +156,8 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
         "batch_id", "status", "num_jobs", "num_succeeded", "num_failed", "num_cancelled"]
 
     with pg_sessions() as session:
-        batch = store.get_batch(session, batch_id)
-        failed = store.list_jobs(session, batch_id)[4]
+        batch = get_batch(session, batch_id)
+        failed = list_jobs(session, batch_id)[4]
     summary = reader.execute("SELECT * FROM batch_summary WHERE batch_id = %s", (batch_id,)).fetchall()
     assert summary == [(batch_id, "completed", "tiny", "catalog_enrichment", CATALOG, 7, 5, 1, 1,
                         batch.created_at, batch.started_at, batch.finished_at)]
@@ -178,23 +181,23 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
 
 def test_every_other_end_of_a_batch_is_notified_once(pg_sessions, listener, conninfo):
     with pg_sessions.begin() as session:  # validating and queued in one transaction: both sent
-        cancelled, _ = store.create_batch(session, [GenerateRequest(prompt="a"), GenerateRequest(prompt="b")],
-                                          model="tiny")
+        cancelled, _ = support.create_batch(session, [GenerateRequest(prompt="a"), GenerateRequest(prompt="b")],
+                                            model="tiny")
     with pg_sessions.begin() as session:
-        store.cancel_batch(session, cancelled.id)
-        store.cancel_batch(session, cancelled.id)  # already finished: no change, nothing sent
+        cancel_batch(session, cancelled.id)
+        cancel_batch(session, cancelled.id)  # already finished: no change, nothing sent
     with pg_sessions.begin() as session:
-        failed, [job] = store.create_batch(session, [GenerateRequest(prompt="a")], model="tiny")
+        failed, [job] = support.create_batch(session, [GenerateRequest(prompt="a")], model="tiny")
     with pg_sessions.begin() as session:
-        job = store.claim_job(session, job.id)
+        job = support.claim_job(session, job.id)
     with pg_sessions.begin() as session:
-        store.record_result(session, job, JobResult.failure("boom"))
+        support.record_result(session, job, JobResult.failure("boom"))
     with pg_sessions.begin() as session:
-        abandoned = store.begin_batch(session, model="tiny")
+        abandoned = begin_batch(session, model="tiny")
     with pg_sessions.begin() as session:
-        store.delete_batch(session, abandoned.id)
+        delete_batch(session, abandoned.id)
     with pg_sessions.begin() as session:  # rolled back: nothing sent
-        store.begin_batch(session, model="tiny")
+        begin_batch(session, model="tiny")
         session.rollback()
 
     received = changes(listener, conninfo)
@@ -230,12 +233,12 @@ def test_the_views_have_the_documented_columns(session_factory):
     columns = documented_columns()
     assert sorted(columns) == sorted(VIEWS)
     with session_factory.begin() as session:
-        batch, _ = store.create_batch(session, [GenerateRequest(prompt="a")], model="tiny",
-                                      metadata={"kind": "catalog_enrichment", "catalog": CATALOG})
+        batch, _ = support.create_batch(session, [GenerateRequest(prompt="a")], model="tiny",
+                                        metadata={"kind": "catalog_enrichment", "catalog": CATALOG})
         for view in VIEWS:
             assert list(session.execute(text(f"SELECT * FROM {view}")).keys()) == columns[view], view
         found = session.execute(text("SELECT kind, catalog, num_jobs FROM batch_summary WHERE batch_id = :id"),
-                                {"id": store.uuid_literal(batch.id, session.get_bind().dialect.name)}).all()
+                                {"id": uuid_literal(batch.id, session.get_bind().dialect.name)}).all()
     assert found == [("catalog_enrichment", CATALOG, 1)]
 
 
@@ -250,10 +253,10 @@ def test_each_documented_query_uses_the_index_it_names():
         engine = make_engine(url)
         try:
             with make_session_factory(engine).begin() as session:
-                batch_id = store.begin_batch(session, model="tiny").id
-                store.add_jobs(session, batch_id, [GenerateRequest(prompt="p")] * 2000, first_index=0,
-                               model="tiny", published_at=None)
-                store.queue_batch(session, batch_id, 2000)
+                batch_id = begin_batch(session, model="tiny").id
+                add_jobs(session, batch_id, [GenerateRequest(prompt="p")] * 2000, first_index=0,
+                         model="tiny", published_at=None)
+                queue_batch(session, batch_id, 2000)
                 session.execute(text("UPDATE jobs SET status = 'failed' WHERE batch_index < 2"))
                 session.execute(text(
                     "INSERT INTO product_enrichment (catalog, product_id, description, quality, model, "

@@ -3,16 +3,15 @@ last enrichment is skipped; changed, new and unfinished ones are enriched (exact
 
 import dataclasses
 
-import pytest
 
-from weir.jobs import store
+from tests import support
 from weir.jobs.catalog import store as catalog_store
 from weir.jobs.catalog.enrichment import (
     Catalog, Product, catalog_requests, plan_enrichment, product_fingerprint, spec_version,
 )
-from weir.jobs.db import JobKind, JobStatus
 from weir.jobs.catalog.spec import JobSpec, load_spec
-from weir.jobs.store import JobResult
+from weir.jobs.db import JobKind, JobStatus
+from weir.jobs.results import JobResult
 
 MODEL = "tiny"
 
@@ -30,18 +29,18 @@ def run_jobs(session_factory, catalog, plan, only=None):
     given), as the worker would; returns the number of jobs the batch holds."""
     requests = catalog_requests(catalog, plan)
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, requests, model=MODEL)
+        batch, jobs = support.create_batch(session, requests, model=MODEL)
     for job in jobs:
         if only is not None and job.custom_id not in only:
             continue
         with session_factory.begin() as session:
-            claimed = store.claim_job(session, job.id)
+            claimed = support.claim_job(session, job.id)
         if job.kind == JobKind.CLASSIFY:
             result = JobResult(status=JobStatus.SUCCEEDED, label="Tea", label_probs={"Tea": 0.6, "Soap": 0.4})
         else:
             result = JobResult(status=JobStatus.SUCCEEDED, output_text="A fine product.", finish_reason="stop")
         with session_factory.begin() as session:
-            if store.record_result(session, claimed, result):
+            if support.record_result(session, claimed, result):
                 catalog_store.record_enrichment(session, claimed, result, model=MODEL)
     return len(jobs)
 

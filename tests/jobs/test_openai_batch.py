@@ -7,14 +7,15 @@ from datetime import timedelta, timezone
 
 import pytest
 
-from weir.jobs import openai_batch, store
+from tests import support
+from weir.jobs import batches, openai_batch
 from weir.jobs.client import BatchProgress
 from weir.jobs.db import BatchStatus, JobStatus
 from weir.jobs.openai_batch import (
     CHAT_COMPLETIONS, CLASSIFICATIONS, COMPLETIONS, BatchFileError, parse_batch_file,
 )
+from weir.jobs.results import JobResult
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
-from weir.jobs.store import JobResult
 
 MODEL = "tiny"
 
@@ -37,25 +38,25 @@ def store_batch(session_factory, lines, window="24h", model=MODEL):
     parsed = parse_batch_file(lines, model=MODEL)
     metadata = openai_batch.batch_metadata(parsed.endpoint, "in.jsonl", window, {"team": "search"})
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, parsed.requests, model=model, metadata=metadata)
+        batch, jobs = support.create_batch(session, parsed.requests, model=model, metadata=metadata)
     return batch.id, jobs
 
 
 def finish(session_factory, job, result):
     with session_factory.begin() as session:
-        claimed = store.claim_job(session, job.id)
-        assert store.record_result(session, claimed, result)
+        claimed = support.claim_job(session, job.id)
+        assert support.record_result(session, claimed, result)
 
 
 def status_of(session_factory, batch_id):
     with session_factory() as session:
-        return BatchProgress.of(store.get_batch(session, batch_id))
+        return BatchProgress.of(batches.get_batch(session, batch_id))
 
 
 def result_lines(session_factory, batch_id):
     batch = openai_batch.batch_object(status_of(session_factory, batch_id))
     with session_factory() as session:
-        jobs = store.list_jobs(session, batch_id)
+        jobs = batches.list_jobs(session, batch_id)
     return [openai_batch.result_line(job, batch) for job in jobs]
 
 
@@ -311,15 +312,15 @@ def test_a_batch_past_its_window_expires_and_its_unrun_requests_are_cancelled(se
 def test_a_cancelled_request_that_had_started_is_said_to_be_cancelled_before_it_finished(session_factory, expire):
     batch_id, (running, waiting) = store_batch(session_factory, [line("a", chat()), line("b", chat())], window="2h")
     with session_factory.begin() as session:
-        store.claim_job(session, running.id)
+        support.claim_job(session, running.id)
     with session_factory.begin() as session:
         if expire:
-            created_at = store.get_batch(session, batch_id).created_at
+            created_at = batches.get_batch(session, batch_id).created_at
             assert openai_batch.expire_if_due(session, batch_id, now=created_at + timedelta(hours=2))
         else:
-            store.cancel_batch(session, batch_id)
+            batches.cancel_batch(session, batch_id)
     with session_factory() as session:
-        assert [(j.status, j.attempts, j.started_at is not None) for j in store.list_jobs(session, batch_id)] == [
+        assert [(j.status, j.attempts, j.started_at is not None) for j in batches.list_jobs(session, batch_id)] == [
             (JobStatus.CANCELLED, 1, True), (JobStatus.CANCELLED, 0, False)]
     code, why = (("batch_expired", "the batch's completion window passed before this request")
                  if expire else ("batch_cancelled", "the batch was cancelled before this request"))
@@ -349,9 +350,9 @@ def test_the_sweep_rule_expires_only_the_models_request_file_batches_past_their_
     due, _ = store_batch(session_factory, [line("a", chat())], window="1h", model=model)
     later, _ = store_batch(session_factory, [line("a", chat())], window="3h", model=model)
     with session_factory.begin() as session:
-        plain, _ = store.create_batch(session, [GenerateRequest(prompt="Hi")], model=model)
-        other, _ = store.create_batch(session, [GenerateRequest(prompt="Hi")], model=f"other-{uuid.uuid4().hex[:8]}",
-                                      metadata=openai_batch.batch_metadata(CHAT_COMPLETIONS, "in.jsonl", "1h"))
+        plain, _ = support.create_batch(session, [GenerateRequest(prompt="Hi")], model=model)
+        other, _ = support.create_batch(session, [GenerateRequest(prompt="Hi")], model=f"other-{uuid.uuid4().hex[:8]}",
+                                        metadata=openai_batch.batch_metadata(CHAT_COMPLETIONS, "in.jsonl", "1h"))
         plain, other = plain.id, other.id
     created_at = status_of(session_factory, due).created_at
     now = (created_at if created_at.tzinfo else created_at.replace(tzinfo=timezone.utc)) + timedelta(hours=2)

@@ -8,11 +8,17 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from weir.jobs import store
+from tests import support
+from weir.jobs.batches import (
+    begin_batch, cancel_batch, cancel_job, delete_stale_validating, get_batch, list_jobs,
+)
 from weir.jobs.catalog import store as catalog_store
+from weir.jobs.claims import Claim, ClaimStatus, claim_jobs, job_status, release_jobs, renew_leases
+from weir.jobs.counters import reconcile_batches
 from weir.jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
+from weir.jobs.outbox import mark_published, take_jobs_to_publish
+from weir.jobs.results import JobResult, parse_json_output, record_dead_letter, record_results
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
-from weir.jobs.store import JobResult
 
 
 
@@ -31,18 +37,18 @@ def make_batch(session_factory, num_jobs=3):
         for i in range(num_jobs)
     ]
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, requests, model="tiny", metadata={"x": 1})
+        batch, jobs = support.create_batch(session, requests, model="tiny", metadata={"x": 1})
     return batch.id, [job.id for job in jobs]
 
 
 def run(session_factory, job_id, result):
     """What the task does: claim, then record (None when nothing was claimed)."""
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_id)
+        job = support.claim_job(session, job_id)
     if job is None:
         return None
     with session_factory.begin() as session:
-        written = store.record_result(session, job, result)
+        written = support.record_result(session, job, result)
         if written:
             catalog_store.record_enrichment(session, job, result, model="tiny")
     return written
@@ -55,7 +61,7 @@ def ok(text="out"):
 
 def load(session_factory, batch_id):
     with session_factory() as session:
-        return store.get_batch(session, batch_id), store.list_jobs(session, batch_id)
+        return get_batch(session, batch_id), list_jobs(session, batch_id)
 
 
 def test_create_batch_stores_queued_jobs_in_order(session_factory):
@@ -71,15 +77,15 @@ def test_create_batch_stores_queued_jobs_in_order(session_factory):
 
 def test_default_custom_ids_are_positions(session_factory):
     with session_factory.begin() as session:
-        _, jobs = store.create_batch(session, [GenerateRequest(prompt="a"), GenerateRequest(prompt="b")],
-                                     model="tiny")
+        _, jobs = support.create_batch(session, [GenerateRequest(prompt="a"), GenerateRequest(prompt="b")],
+                                       model="tiny")
     assert [j.custom_id for j in jobs] == ["0", "1"]
 
 
 def test_duplicate_custom_id_stores_nothing(session_factory):
     with pytest.raises(ValueError, match="'dup' appears more than once"):
         with session_factory.begin() as session:
-            store.create_batch(
+            support.create_batch(
                 session,
                 [GenerateRequest(prompt="a", custom_id="dup"), GenerateRequest(prompt="b", custom_id="dup")],
                 model="tiny",
@@ -91,10 +97,10 @@ def test_duplicate_custom_id_stores_nothing(session_factory):
 def test_claim_marks_running_and_counts_attempts(session_factory):
     batch_id, job_ids = make_batch(session_factory)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0], lease_s=0)
+        job = support.claim_job(session, job_ids[0], lease_s=0)
     assert job.status == JobStatus.RUNNING and job.attempts == 1 and job.started_at is not None
     with session_factory.begin() as session:  # its lease has expired: a redelivery claims it again
-        assert store.claim_job(session, job_ids[0]).attempts == 2
+        assert support.claim_job(session, job_ids[0]).attempts == 2
     batch, _ = load(session_factory, batch_id)
     assert batch.status == BatchStatus.IN_PROGRESS and batch.started_at is not None
 
@@ -102,12 +108,12 @@ def test_claim_marks_running_and_counts_attempts(session_factory):
 def test_a_live_lease_is_not_claimed_twice(session_factory):
     batch_id, job_ids = make_batch(session_factory)
     with session_factory.begin() as session:
-        claims = store.claim_jobs(session, job_ids[:2], worker="w1", lease_s=60)
-    assert [claims[i].status for i in job_ids[:2]] == [store.ClaimStatus.CLAIMED] * 2
+        claims = claim_jobs(session, job_ids[:2], worker="w1", lease_s=60)
+    assert [claims[i].status for i in job_ids[:2]] == [ClaimStatus.CLAIMED] * 2
     with session_factory.begin() as session:  # a duplicate delivery while w1 runs them
-        again = store.claim_jobs(session, job_ids, worker="w2", lease_s=60)
-    assert [again[i].status for i in job_ids] == [store.ClaimStatus.HELD, store.ClaimStatus.HELD,
-                                                  store.ClaimStatus.CLAIMED]
+        again = claim_jobs(session, job_ids, worker="w2", lease_s=60)
+    assert [again[i].status for i in job_ids] == [ClaimStatus.HELD, ClaimStatus.HELD,
+                                                  ClaimStatus.CLAIMED]
     held, own = again[job_ids[0]].lease_expires_at, claims[job_ids[0]].lease_expires_at
     assert held.replace(tzinfo=None) == own.replace(tzinfo=None)  # SQLite keeps no zone
     _, jobs = load(session_factory, batch_id)
@@ -117,21 +123,21 @@ def test_a_live_lease_is_not_claimed_twice(session_factory):
 def test_a_stale_attempt_changes_nothing(session_factory):
     batch_id, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
-        stale = store.claim_job(session, job_ids[0], worker="dead", lease_s=0)
+        stale = support.claim_job(session, job_ids[0], worker="dead", lease_s=0)
     with session_factory.begin() as session:  # the lease expired; another worker takes the job
-        fresh = store.claim_job(session, job_ids[0], worker="alive", lease_s=60)
+        fresh = support.claim_job(session, job_ids[0], worker="alive", lease_s=60)
     assert (stale.attempts, fresh.attempts, stale.lease_token, fresh.lease_token) == (1, 2, 1, 2)
     with session_factory.begin() as session:
-        assert store.renew_leases(session, [(job_ids[0], stale.lease_token)], worker="dead", lease_s=60) == set()
-        assert store.record_result(session, stale, ok("stale")) is False
+        assert renew_leases(session, [(job_ids[0], stale.lease_token)], worker="dead", lease_s=60) == set()
+        assert support.record_result(session, stale, ok("stale")) is False
         assert catalog_store.record_enrichment(session, stale, ok("stale"), model="tiny") is True  # unguarded alone
         session.rollback()
     batch, jobs = load(session_factory, batch_id)
     assert (jobs[0].status, jobs[0].output_text, batch.num_succeeded) == (JobStatus.RUNNING, None, 0)
     with session_factory.begin() as session:
-        assert store.renew_leases(session, [(job_ids[0], fresh.lease_token)], worker="alive", lease_s=60) == {job_ids[0]}
-        assert store.record_result(session, fresh, ok("fresh")) is True
-        assert store.record_result(session, stale, ok("stale")) is False
+        assert renew_leases(session, [(job_ids[0], fresh.lease_token)], worker="alive", lease_s=60) == {job_ids[0]}
+        assert support.record_result(session, fresh, ok("fresh")) is True
+        assert support.record_result(session, stale, ok("stale")) is False
     batch, jobs = load(session_factory, batch_id)
     assert (jobs[0].status, jobs[0].output_text, jobs[0].attempts) == (JobStatus.SUCCEEDED, "fresh", 2)
     assert (batch.status, batch.num_succeeded, batch.num_failed) == (BatchStatus.COMPLETED, 1, 0)
@@ -144,10 +150,10 @@ def test_a_renewal_moves_the_lease_to_lease_s_from_now(session_factory):
 
     _, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0], worker="w", lease_s=1)
+        job = support.claim_job(session, job_ids[0], worker="w", lease_s=1)
     before = utcnow()
     with session_factory.begin() as session:
-        assert store.renew_leases(session, [(job.id, job.lease_token)], worker="w", lease_s=120) == {job.id}
+        assert renew_leases(session, [(job.id, job.lease_token)], worker="w", lease_s=120) == {job.id}
     with session_factory() as session:
         expires = session.get(Job, job.id).lease_expires_at
     expires = expires.replace(tzinfo=before.tzinfo) if expires.tzinfo is None else expires
@@ -157,7 +163,7 @@ def test_a_renewal_moves_the_lease_to_lease_s_from_now(session_factory):
 def test_a_released_job_is_claimed_at_once(session_factory):
     _, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0], worker="w1", lease_s=60)
+        job = support.claim_job(session, job_ids[0], worker="w1", lease_s=60)
     from datetime import timedelta
 
     from weir.jobs.db import utcnow
@@ -169,24 +175,24 @@ def test_a_released_job_is_claimed_at_once(session_factory):
 
     before = utcnow().replace(tzinfo=None)
     with session_factory.begin() as session:
-        assert store.release_jobs(session, [(job.id, job.lease_token)]) == {job.id}
-        assert store.release_jobs(session, [(job.id, job.lease_token)]) == set()  # no longer held
+        assert release_jobs(session, [(job.id, job.lease_token)]) == {job.id}
+        assert release_jobs(session, [(job.id, job.lease_token)]) == set()  # no longer held
     # stamped published now: its message goes back to the queue, so the sweeper leaves it alone
     assert before <= published_at() <= utcnow().replace(tzinfo=None)
     with session_factory.begin() as session:
-        again = store.claim_job(session, job_ids[0], worker="w2", lease_s=60)
+        again = support.claim_job(session, job_ids[0], worker="w2", lease_s=60)
     assert (again.attempts, again.lease_token) == (2, 2)
     later = before + timedelta(seconds=30)  # a retry's message, published with a countdown
     with session_factory.begin() as session:
-        assert store.release_jobs(session, [(again.id, again.lease_token)], republish_at=later) == {again.id}
+        assert release_jobs(session, [(again.id, again.lease_token)], republish_at=later) == {again.id}
     assert published_at() == later
     with session_factory.begin() as session:
-        again = store.claim_job(session, job_ids[0], worker="w2", lease_s=60)
+        again = support.claim_job(session, job_ids[0], worker="w2", lease_s=60)
     assert (again.attempts, again.lease_token) == (3, 3)
     with session_factory.begin() as session:  # an engine failure: the start is given back
-        assert store.release_jobs(session, [(again.id, again.lease_token)], refund_attempt=True) == {again.id}
+        assert release_jobs(session, [(again.id, again.lease_token)], refund_attempt=True) == {again.id}
     with session_factory.begin() as session:
-        third = store.claim_job(session, job_ids[0], worker="w3", lease_s=60)
+        third = support.claim_job(session, job_ids[0], worker="w3", lease_s=60)
     assert (third.attempts, third.lease_token) == (3, 4)
 
 
@@ -199,11 +205,11 @@ def test_reconcile_repairs_counters_changed_by_hand(session_factory):
     for job_id in job_ids:
         run(session_factory, job_id, ok())
     with session_factory.begin() as session:
-        assert store.reconcile_batches(session, [batch_id]) == []
+        assert reconcile_batches(session, [batch_id]) == []
         session.execute(update(Batch).where(Batch.id == batch_id).values(
             num_succeeded=1, status=BatchStatus.IN_PROGRESS, finished_at=None))
     with session_factory.begin() as session:
-        [repaired] = store.reconcile_batches(session, [batch_id])
+        [repaired] = reconcile_batches(session, [batch_id])
     assert (repaired.before, repaired.after) == ((1, 0, 0, "in_progress"), (3, 0, 0, "completed"))
     batch, _ = load(session_factory, batch_id)
     assert (batch.status, batch.num_succeeded) == (BatchStatus.COMPLETED, 3)
@@ -214,13 +220,13 @@ def test_an_older_batch_never_overwrites_a_newer_enrichment(session_factory):
     claimed = []
     for text in ("old", "new"):
         with session_factory.begin() as session:
-            _, [job] = store.create_batch(
+            _, [job] = support.create_batch(
                 session, [GenerateRequest(prompt="p", enrichment=enriching(product))], model="tiny")
         with session_factory.begin() as session:
-            claimed.append((store.claim_job(session, job.id), text))
+            claimed.append((support.claim_job(session, job.id), text))
     for job, text in reversed(claimed):  # the newer batch's result lands first
         with session_factory.begin() as session:
-            assert store.record_result(session, job, ok(text)) is True
+            assert support.record_result(session, job, ok(text)) is True
             written = catalog_store.record_enrichments(session, [(job, ok(text))], model="tiny")
         assert written == ({(CATALOG, product)} if text == "new" else set())
     with session_factory() as session:
@@ -230,16 +236,16 @@ def test_an_older_batch_never_overwrites_a_newer_enrichment(session_factory):
 
 def test_claim_of_unknown_job_is_none(session_factory):
     with session_factory.begin() as session:
-        assert store.claim_job(session, uuid.uuid4()) is None
+        assert support.claim_job(session, uuid.uuid4()) is None
 
 
 def test_same_job_recorded_twice_leaves_one_row(session_factory):
     batch_id, job_ids = make_batch(session_factory)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0])
+        job = support.claim_job(session, job_ids[0])
     for _ in range(2):
         with session_factory.begin() as session:
-            store.record_result(session, job, ok("first"))
+            support.record_result(session, job, ok("first"))
     with session_factory() as session:
         rows = session.scalars(select(Job).where(Job.id == job_ids[0])).all()
     assert len(rows) == 1
@@ -257,10 +263,10 @@ def test_same_job_recorded_twice_leaves_one_row(session_factory):
 def test_one_job_twice_in_one_group_keeps_a_success_else_the_later_outcome(session_factory, first, second, stored):
     batch_id, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0])
+        job = support.claim_job(session, job_ids[0])
     outcome = {"succeeded": ok, "failed": JobResult.failure}
     with session_factory.begin() as session:
-        written = store.record_results(session, [(job, outcome[first]("first")), (job, outcome[second]("second"))])
+        written = record_results(session, [(job, outcome[first]("first")), (job, outcome[second]("second"))])
     assert written == {job.id}
     batch, [row] = load(session_factory, batch_id)
     assert (row.status.value, row.output_text if row.status == JobStatus.SUCCEEDED else row.error) == stored
@@ -278,11 +284,11 @@ def test_redelivered_succeeded_job_is_not_run_again(session_factory):
 def test_late_failure_never_overwrites_success(session_factory):
     batch_id, job_ids = make_batch(session_factory)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0])
+        job = support.claim_job(session, job_ids[0])
     with session_factory.begin() as session:
-        assert store.record_result(session, job, ok("kept")) is True
+        assert support.record_result(session, job, ok("kept")) is True
     with session_factory.begin() as session:
-        assert store.record_result(session, job, JobResult.failure("late: worker lost")) is False
+        assert support.record_result(session, job, JobResult.failure("late: worker lost")) is False
     _, jobs = load(session_factory, batch_id)
     assert (jobs[0].status, jobs[0].output_text, jobs[0].error) == (JobStatus.SUCCEEDED, "kept", None)
     batch, _ = load(session_factory, batch_id)
@@ -292,13 +298,13 @@ def test_late_failure_never_overwrites_success(session_factory):
 def test_a_finished_failure_is_final(session_factory):
     batch_id, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0])
+        job = support.claim_job(session, job_ids[0])
     with session_factory.begin() as session:
-        store.record_result(session, job, JobResult.failure("ValueError: boom"))
+        support.record_result(session, job, JobResult.failure("ValueError: boom"))
     batch, _ = load(session_factory, batch_id)
     assert (batch.status, batch.num_failed) == (BatchStatus.FAILED, 1)
     with session_factory.begin() as session:  # a late success of the same attempt
-        assert store.record_result(session, job, ok()) is False
+        assert support.record_result(session, job, ok()) is False
     batch, jobs = load(session_factory, batch_id)
     assert (jobs[0].status, jobs[0].error) == (JobStatus.FAILED, "ValueError: boom")
     assert (batch.status, batch.num_succeeded, batch.num_failed) == (BatchStatus.FAILED, 0, 1)
@@ -320,16 +326,16 @@ def test_batch_lifecycle_and_counts(session_factory):
 def test_record_rejects_non_final_status(session_factory):
     _, job_ids = make_batch(session_factory, num_jobs=1)
     with session_factory.begin() as session:
-        job = store.claim_job(session, job_ids[0])
+        job = support.claim_job(session, job_ids[0])
         with pytest.raises(ValueError, match="not running"):
-            store.record_result(session, job, JobResult(status=JobStatus.RUNNING))
+            support.record_result(session, job, JobResult(status=JobStatus.RUNNING))
 
 
 def test_cancel_skips_queued_jobs(session_factory):
     batch_id, job_ids = make_batch(session_factory)
     run(session_factory, job_ids[0], ok())
     with session_factory.begin() as session:
-        store.cancel_batch(session, batch_id)
+        cancel_batch(session, batch_id)
     assert run(session_factory, job_ids[1], ok()) is None
     batch, jobs = load(session_factory, batch_id)
     assert batch.status == BatchStatus.CANCELLED
@@ -345,7 +351,7 @@ def test_enrichment_rows_merge_category_and_description(session_factory):
         GenerateRequest(prompt="p", custom_id="plain"),
     ]
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, requests, model="tiny")
+        batch, jobs = support.create_batch(session, requests, model="tiny")
     run(session_factory, jobs[0].id, JobResult(status=JobStatus.SUCCEEDED, label="Soap",
                                                label_probs={"Tea": 0.25, "Soap": 0.75}))
     run(session_factory, jobs[1].id, ok("A fine soap."))
@@ -370,7 +376,7 @@ def test_an_attribute_extraction_fills_attributes_and_leaves_the_description(ses
                         **extract),
     ]
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, requests, model="tiny")
+        batch, jobs = support.create_batch(session, requests, model="tiny")
     run(session_factory, jobs[0].id, ok("A fine soap! "))  # the kept stop string "! " ends in a space
     value = {"brand": "Dove \u00e9", "pack_of": None}
     run(session_factory, jobs[1].id, JobResult(status=JobStatus.SUCCEEDED, output_text=json.dumps(value),
@@ -397,12 +403,12 @@ def test_a_job_whose_metadata_names_a_product_writes_no_enrichment(session_facto
     request = ClassifyRequest(prompt="Great tea!", labels=["positive", "negative"],
                               metadata={"product_id": "tea-1"})
     with session_factory.begin() as session:
-        batch, [job] = store.create_batch(session, [request], model="tiny")
+        batch, [job] = support.create_batch(session, [request], model="tiny")
     with session_factory.begin() as session:
-        job = store.claim_job(session, job.id)
+        job = support.claim_job(session, job.id)
     result = JobResult(status=JobStatus.SUCCEEDED, label="positive", label_probs={"positive": 0.9, "negative": 0.1})
     with session_factory.begin() as session:
-        assert store.record_result(session, job, result) is True
+        assert support.record_result(session, job, result) is True
         assert catalog_store.record_enrichments(session, [(job, result)], model="tiny") == set()
     assert num_enrichment_rows(session_factory, batch.id) == 0
 
@@ -412,7 +418,7 @@ def test_two_catalogs_with_the_same_product_id_keep_both_rows(session_factory):
                                 enrichment=enriching("1", catalog))
                 for catalog in ("/data/shop-a.csv", "/data/shop-b.csv")]
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, requests, model="tiny")
+        batch, jobs = support.create_batch(session, requests, model="tiny")
     for job, label in zip(jobs, ("Tea", "Soap")):
         run(session_factory, job.id, JobResult(status=JobStatus.SUCCEEDED, label=label,
                                                label_probs={"Tea": 0.5, "Soap": 0.5}))
@@ -460,13 +466,13 @@ def test_every_completion_and_the_parsed_value_are_stored_as_given(session_facto
     ("", "stop", None),
 ])
 def test_parse_json_output(text, finish_reason, parsed):
-    assert store.parse_json_output(text, finish_reason) == parsed
+    assert parse_json_output(text, finish_reason) == parsed
 
 
 def test_enrichment_row_flags_an_unfinished_looping_description(session_factory):
     request = GenerateRequest(prompt="p", custom_id="8/description", enrichment=enriching("8"))
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, [request], model="tiny")
+        batch, jobs = support.create_batch(session, [request], model="tiny")
     run(session_factory, jobs[0].id, ok("Fast 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs"))
     with session_factory() as session:
         row = session.get(ProductEnrichment, (CATALOG, "8"))
@@ -503,11 +509,11 @@ def test_claim_records_the_worker_and_fails_a_job_out_of_attempts(session_factor
     batch_id, job_ids = make_batch(session_factory, num_jobs=2)
     for attempt in (1, 2):
         with session_factory.begin() as session:
-            job = store.claim_job(session, job_ids[0], worker=f"w{attempt}", max_attempts=2, lease_s=0)
+            job = support.claim_job(session, job_ids[0], worker=f"w{attempt}", max_attempts=2, lease_s=0)
         assert (job.attempts, job.worker, job.status) == (attempt, f"w{attempt}", JobStatus.RUNNING)
     with session_factory.begin() as session:  # a third delivery: both attempts lost their worker
-        assert store.claim_jobs(session, [job_ids[0]], worker="w3", max_attempts=2, lease_s=60) == {
-            job_ids[0]: store.Claim(store.ClaimStatus.GAVE_UP)}
+        assert claim_jobs(session, [job_ids[0]], worker="w3", max_attempts=2, lease_s=60) == {
+            job_ids[0]: Claim(ClaimStatus.GAVE_UP)}
     batch, jobs = load(session_factory, batch_id)
     assert (jobs[0].status, jobs[0].attempts, jobs[0].worker) == (JobStatus.FAILED, 2, "w2")
     assert jobs[0].error == "gave up after 2 attempts: each one lost its worker or ran out of time"
@@ -518,13 +524,13 @@ def test_cancel_batch_cancels_running_jobs_and_drops_their_late_result(session_f
     batch_id, job_ids = make_batch(session_factory)
     run(session_factory, job_ids[0], ok())
     with session_factory.begin() as session:
-        running = store.claim_job(session, job_ids[1])
+        running = support.claim_job(session, job_ids[1])
     with session_factory.begin() as session:
-        store.cancel_batch(session, batch_id)
+        cancel_batch(session, batch_id)
     with session_factory() as session:
-        assert store.job_status(session, job_ids[1]) == JobStatus.CANCELLED
+        assert job_status(session, job_ids[1]) == JobStatus.CANCELLED
     with session_factory.begin() as session:
-        assert store.record_result(session, running, ok("late")) is False
+        assert support.record_result(session, running, ok("late")) is False
     batch, jobs = load(session_factory, batch_id)
     assert [(j.status, j.output_text) for j in jobs] == [
         (JobStatus.SUCCEEDED, "out"), (JobStatus.CANCELLED, None), (JobStatus.CANCELLED, None)]
@@ -534,13 +540,13 @@ def test_cancel_batch_cancels_running_jobs_and_drops_their_late_result(session_f
 def test_cancel_one_job(session_factory):
     batch_id, job_ids = make_batch(session_factory, num_jobs=2)
     with session_factory.begin() as session:
-        assert store.cancel_job(session, job_ids[0]).status == JobStatus.CANCELLED
+        assert cancel_job(session, job_ids[0]).status == JobStatus.CANCELLED
     assert run(session_factory, job_ids[0], ok()) is None
     run(session_factory, job_ids[1], ok())
     batch, _ = load(session_factory, batch_id)
     assert (batch.status, batch.num_cancelled, batch.num_succeeded) == (BatchStatus.COMPLETED, 1, 1)
     with session_factory.begin() as session, pytest.raises(LookupError):
-        store.cancel_job(session, uuid.uuid4())
+        cancel_job(session, uuid.uuid4())
 
 
 def test_sweeper_takes_lost_jobs_once(session_factory):
@@ -550,24 +556,24 @@ def test_sweeper_takes_lost_jobs_once(session_factory):
 
     model = f"sweep-{uuid.uuid4().hex[:8]}"  # the database is shared with other tests
     with session_factory.begin() as session:
-        _, jobs = store.create_batch(session, [GenerateRequest(prompt=f"p{i}") for i in range(5)], model=model)
+        _, jobs = support.create_batch(session, [GenerateRequest(prompt=f"p{i}") for i in range(5)], model=model)
     job_ids = [job.id for job in jobs]
     with session_factory.begin() as session:
-        store.claim_job(session, job_ids[1], lease_s=60)  # running under a live lease: its worker is alive
-        store.claim_job(session, job_ids[2], lease_s=0)  # running under an expired lease: its worker died
+        support.claim_job(session, job_ids[1], lease_s=60)  # running under a live lease: its worker is alive
+        support.claim_job(session, job_ids[2], lease_s=0)  # running under an expired lease: its worker died
     run(session_factory, job_ids[3], ok())
     with session_factory.begin() as session:
-        store.mark_published(session, [job_ids[0]], None)  # its publish failed
+        mark_published(session, [job_ids[0]], None)  # its publish failed
     now = utcnow() + timedelta(milliseconds=10)
     with session_factory.begin() as session:  # a backlog: no queued job is taken by its age
-        assert sorted(store.take_jobs_to_publish(session, model=model, older_than=now)) == sorted(
+        assert sorted(take_jobs_to_publish(session, model=model, older_than=now)) == sorted(
             [job_ids[0], job_ids[2]])
     with session_factory.begin() as session:  # a second sweep right after finds nothing
-        assert store.take_jobs_to_publish(session, model=model, older_than=now) == []
+        assert take_jobs_to_publish(session, model=model, older_than=now) == []
     later = utcnow() + timedelta(seconds=1)  # the queue moved past every message published so far
     with session_factory.begin() as session:
-        taken = store.take_jobs_to_publish(session, model=model, older_than=now, queued_before=later)
-        assert store.take_jobs_to_publish(session, model="other", older_than=later, queued_before=later) == []
+        taken = take_jobs_to_publish(session, model=model, older_than=now, queued_before=later)
+        assert take_jobs_to_publish(session, model="other", older_than=later, queued_before=later) == []
     assert sorted(taken) == sorted([job_ids[0], job_ids[4]])  # queued ones; job 2 was published since
 
 
@@ -581,14 +587,14 @@ def test_the_sweepers_queue_position_takes_only_its_own_batchs_earlier_jobs_at_a
 
     model = f"sweep-{uuid.uuid4().hex[:8]}"
     with session_factory.begin() as session:
-        a, a_jobs = store.create_batch(session, [GenerateRequest(prompt=f"a{i}") for i in range(4)], model=model)
-        b, b_jobs = store.create_batch(session, [GenerateRequest(prompt=f"b{i}") for i in range(4)], model=model)
+        a, a_jobs = support.create_batch(session, [GenerateRequest(prompt=f"a{i}") for i in range(4)], model=model)
+        b, b_jobs = support.create_batch(session, [GenerateRequest(prompt=f"b{i}") for i in range(4)], model=model)
     published = utcnow() - timedelta(seconds=5)
     with session_factory.begin() as session:
-        store.mark_published(session, [j.id for j in a_jobs + b_jobs], published)
+        mark_published(session, [j.id for j in a_jobs + b_jobs], published)
     with session_factory.begin() as session:
-        taken = store.take_jobs_to_publish(session, model=model, older_than=published - timedelta(seconds=1),
-                                           queued_before=published, queued_before_job=(a.id, 2))
+        taken = take_jobs_to_publish(session, model=model, older_than=published - timedelta(seconds=1),
+                                     queued_before=published, queued_before_job=(a.id, 2))
     assert taken == [a_jobs[0].id, a_jobs[1].id]
 
 
@@ -603,9 +609,9 @@ def test_the_sweepers_expired_lease_bounds_are_strict(session_factory):
 
     model = f"sweep-{uuid.uuid4().hex[:8]}"
     with session_factory.begin() as session:
-        _, [job] = store.create_batch(session, [GenerateRequest(prompt="p")], model=model)
+        _, [job] = support.create_batch(session, [GenerateRequest(prompt="p")], model=model)
     with session_factory.begin() as session:
-        store.claim_job(session, job.id, lease_s=60)
+        support.claim_job(session, job.id, lease_s=60)
     expiry = utcnow().replace(microsecond=0) - timedelta(seconds=10)
     tick = timedelta(microseconds=1)
 
@@ -614,7 +620,7 @@ def test_the_sweepers_expired_lease_bounds_are_strict(session_factory):
             session.execute(update(Job).where(Job.id == job.id).values(lease_expires_at=expiry,
                                                                           published_at=published_at))
         with session_factory() as session:  # rolled back: each probe starts from the same row
-            return store.take_jobs_to_publish(session, model=model, older_than=older_than) == [job.id]
+            return take_jobs_to_publish(session, model=model, older_than=older_than) == [job.id]
 
     assert not taken(expiry - tick, older_than=expiry)  # expired at, not before, older_than
     assert taken(expiry - tick, older_than=expiry + tick)
@@ -626,9 +632,9 @@ def test_dead_letters_keep_body_and_reason(session_factory):
     from weir.jobs.db import DeadLetter
 
     with session_factory.begin() as session:
-        store.record_dead_letter(session, body=b"{not json\x00", reason="cannot decode", queue="q", task=None)
-        store.record_dead_letter(session, body={"args": [1]}, reason="bad args", task="weir.run_job",
-                                 message_id="m-1")
+        record_dead_letter(session, body=b"{not json\x00", reason="cannot decode", queue="q", task=None)
+        record_dead_letter(session, body={"args": [1]}, reason="bad args", task="weir.run_job",
+                           message_id="m-1")
     with session_factory() as session:
         rows = session.execute(select(DeadLetter.body, DeadLetter.reason, DeadLetter.queue, DeadLetter.task,
                                       DeadLetter.message_id).order_by(DeadLetter.received_at)).all()
@@ -645,14 +651,14 @@ def test_a_batch_left_validating_by_a_dead_producer_is_deleted_and_frees_its_key
 
     key = f"catalog:/c.csv@{uuid.uuid4().hex}"
     with session_factory.begin() as session:
-        stale = store.begin_batch(session, model="tiny", idempotency_key=key)
-        fresh = store.begin_batch(session, model="tiny")
+        stale = begin_batch(session, model="tiny", idempotency_key=key)
+        fresh = begin_batch(session, model="tiny")
         session.execute(update(Batch).where(Batch.id == stale.id).values(created_at=utcnow() - timedelta(hours=2)))
     batch_id, _ = make_batch(session_factory)  # queued: never touched
     with session_factory.begin() as session:
-        assert store.delete_stale_validating(session, created_before=utcnow() - timedelta(hours=1)) == [stale.id]
+        assert delete_stale_validating(session, created_before=utcnow() - timedelta(hours=1)) == [stale.id]
     with session_factory() as session:
         assert session.get(Batch, stale.id) is None
         assert session.get(Batch, fresh.id) is not None and session.get(Batch, batch_id) is not None
     with session_factory.begin() as session:  # the key is free again
-        assert store.begin_batch(session, model="tiny", idempotency_key=key).idempotency_key == key
+        assert begin_batch(session, model="tiny", idempotency_key=key).idempotency_key == key

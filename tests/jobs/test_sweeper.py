@@ -8,11 +8,12 @@ import uuid
 import pytest
 import redis as redis_lib
 
-from weir.jobs import names, store
+from tests import support
+from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+from weir.jobs import claims, names, outbox
 from weir.jobs.client import Client
 from weir.jobs.schemas import GenerateRequest
 from weir.jobs.sweeper import oldest_waiting_job, priority_lists
-from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,7 @@ def test_a_lost_message_is_published_again_and_the_waiting_backlog_is_not(redis_
     assert message_job(r.rpop(queue)) == str(a0)
     assert message_job(r.rpop(queue)) == str(a1)
     with client.session_factory.begin() as session:
-        assert store.claim_job(session, a1, worker="w", lease_s=60) is not None
+        assert support.claim_job(session, a1, worker="w", lease_s=60) is not None
     # The queue has moved past a0 (its oldest message is now b0's, published later): a0 is lost,
     # and published again to the control queue, ahead of the backlog.
     control = names.control_queue(client.queue)
@@ -74,7 +75,7 @@ def test_a_lost_message_is_published_again_and_the_waiting_backlog_is_not(redis_
     for job_id in backlog:
         assert message_job(r.rpop(queue)) == str(job_id)
         with client.session_factory.begin() as session:
-            store.claim_job(session, job_id, worker="w", lease_s=60)
+            support.claim_job(session, job_id, worker="w", lease_s=60)
     assert message_job(r.rpop(control)) == str(a0) and r.llen(queue) == r.llen(control) == 0
     assert client.sweep(older_than_s=3600) == 0
     assert client.sweep(older_than_s=0) == 1
@@ -141,9 +142,9 @@ def test_a_second_sweeper_skips_the_rows_a_first_one_holds_instead_of_waiting(re
         session.execute(update(Job).where(Job.batch_id == batch_id).values(published_at=None))
     model, older_than = client.model, utcnow() - timedelta(seconds=60)
     with client.session_factory() as first, client.session_factory() as second:
-        held = store.take_jobs_to_publish(first, model=model, older_than=older_than, limit=4)
+        held = outbox.take_jobs_to_publish(first, model=model, older_than=older_than, limit=4)
         second.execute(text("SET lock_timeout = '2s'"))
-        rest = store.take_jobs_to_publish(second, model=model, older_than=older_than, limit=6)
+        rest = outbox.take_jobs_to_publish(second, model=model, older_than=older_than, limit=6)
         second.commit()
         first.commit()
     assert len(held) == 4 and sorted(held + rest) == sorted(job.id for job in client.jobs(batch_id))
@@ -169,7 +170,7 @@ def test_jobs_of_a_waiting_chunk_are_not_lost(redis_client_and_queue):
         assert chunked.sweep(older_than_s=0) == 0
         r.rpop(bulk_list)  # a worker takes the first chunk and claims its jobs
         with chunked.session_factory.begin() as session:
-            store.claim_jobs(session, jobs[:4], worker="w", lease_s=60)
+            claims.claim_jobs(session, jobs[:4], worker="w", lease_s=60)
         assert chunked.sweep(older_than_s=0) == 0
     finally:
         chunked.close()

@@ -8,13 +8,15 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
-from weir.jobs import store
-from weir.jobs.db import Job, JobStatus, make_engine, make_session_factory
-from weir.jobs.schemas import GenerateRequest
-from weir.jobs.store import JobResult
+from tests import support
 from weir.config import WorkerSettings
-from weir.worker import attempt
+from weir.jobs.batches import get_batch, list_jobs
+from weir.jobs.claims import ClaimStatus
+from weir.jobs.db import Job, JobStatus, make_engine, make_session_factory
+from weir.jobs.results import JobResult
 from weir.jobs.retry import is_transient
+from weir.jobs.schemas import GenerateRequest
+from weir.worker import attempt
 from weir.worker.attempt import DatabaseUnavailable, MalformedMessage, parse_job_id, with_db_retry
 
 
@@ -113,9 +115,9 @@ def test_a_result_the_database_refuses_for_good_becomes_a_failure_not_a_running_
     session_factory = make_session_factory(engine)
     try:
         with session_factory.begin() as session:
-            _, [job] = store.create_batch(session, [GenerateRequest(prompt="p")], model="tiny")
+            _, [job] = support.create_batch(session, [GenerateRequest(prompt="p")], model="tiny")
         with session_factory.begin() as session:
-            job = store.claim_job(session, job.id)
+            job = support.claim_job(session, job.id)
         from weir.worker.group_commit import GroupCommitter
 
         writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
@@ -126,8 +128,8 @@ def test_a_result_the_database_refuses_for_good_becomes_a_failure_not_a_running_
         assert stored_result.status == JobStatus.FAILED  # what weir:jobs_total counts
         writer.close()
         with session_factory() as session:
-            stored = store.list_jobs(session, job.batch_id)[0]
-            batch = store.get_batch(session, job.batch_id)
+            stored = list_jobs(session, job.batch_id)[0]
+            batch = get_batch(session, job.batch_id)
         assert (stored.status, stored.output_text, stored.finish_reason) == (JobStatus.FAILED, None, None)
         assert stored.error == ("result not stored: DataError: (psycopg.errors.StringDataRightTruncation) "
                                 "value too long for type character varying(16)")
@@ -158,8 +160,8 @@ def test_two_deliveries_of_one_job_in_one_claim_group_run_it_once(postgres_url):
     session_factory = make_session_factory(engine)
     try:
         with session_factory.begin() as session:
-            _, [job, other] = store.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
-                                                 model="tiny")
+            _, [job, other] = support.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
+                                                   model="tiny")
         # a long group wait: both claims of the job (and one of another) share one transaction
         writer = GroupCommitter(session_factory, worker="w", lease_s=60, max_attempts=3,
                                 model_name=lambda: "tiny", retry_timeout_s=5, max_wait_s=0.5)
@@ -167,8 +169,8 @@ def test_two_deliveries_of_one_job_in_one_claim_group_run_it_once(postgres_url):
         claims = [f.result(timeout=30) for f in futures]
         writer.close()
         assert writer.num_transactions == 1
-        assert [c.status for c in claims] == [store.ClaimStatus.CLAIMED, store.ClaimStatus.CLAIMED,
-                                              store.ClaimStatus.HELD]
+        assert [c.status for c in claims] == [ClaimStatus.CLAIMED, ClaimStatus.CLAIMED,
+                                              ClaimStatus.HELD]
         assert claims[2].lease_expires_at == claims[0].lease_expires_at
     finally:
         engine.dispose()
@@ -233,8 +235,8 @@ def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_w
     latency = Histogram("test_write_latency_seconds", "", ["lane"], registry=CollectorRegistry())
     try:
         with real.begin() as session:
-            _, jobs = store.create_batch(session, [GenerateRequest(prompt=p) for p in "pqrstuv"], model="tiny")
-            claimed = [store.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs[:2]]
+            _, jobs = support.create_batch(session, [GenerateRequest(prompt=p) for p in "pqrstuv"], model="tiny")
+            claimed = [support.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs[:2]]
         writer = GroupCommitter(FlakyFactory(real, 3), worker="w", lease_s=60, max_attempts=3,
                                 model_name=lambda: "tiny", retry_timeout_s=60, max_wait_s=2.0, max_jobs=2,
                                 write_latency_s=latency)
@@ -248,10 +250,10 @@ def test_a_group_retries_transient_errors_after_1_2_4_seconds_and_refunds_only_w
         claims = [writer.claim_async(jobs[2].id)]
         real_time.sleep(0.1)  # within the group's 2 s window: the same transaction
         claims.append(writer.claim_async(jobs[3].id))
-        assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
+        assert [c.result(timeout=30).status for c in claims] == [ClaimStatus.CLAIMED] * 2
         assert writer.num_transactions == 2
         claims = [writer.claim_async(job.id) for job in jobs[4:]]  # three claims, two to a group
-        assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 3
+        assert [c.result(timeout=30).status for c in claims] == [ClaimStatus.CLAIMED] * 3
         writer.close()
         assert writer.num_transactions == 4 and 0 <= writer.busy_s < 30
         assert not any(thread.is_alive() for thread in writer._threads)
@@ -297,7 +299,7 @@ def session_factory(postgres_url):
 
 def new_jobs(session_factory, prompts):
     with session_factory.begin() as session:
-        return store.create_batch(session, [GenerateRequest(prompt=p) for p in prompts], model="tiny")[1]
+        return support.create_batch(session, [GenerateRequest(prompt=p) for p in prompts], model="tiny")[1]
 
 
 def committer(session_factory, **kwargs):
@@ -315,7 +317,7 @@ def test_a_group_the_database_refuses_for_good_is_written_again_one_by_one(sessi
 
     jobs = new_jobs(session_factory, "pqr")
     with session_factory.begin() as session:
-        claimed = [store.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs]
+        claimed = [support.claim_job(session, job.id, worker="w", lease_s=60) for job in jobs]
     writer = committer(session_factory, max_wait_s=0.5)
     ok = JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop")
     # finish_reason is VARCHAR(16): Postgres refuses this one, and would every time
@@ -346,7 +348,7 @@ def test_a_write_within_a_window_under_a_second_joins_the_group(session_factory)
     claims = [writer.claim_async(jobs[0].id)]
     time.sleep(0.1)
     claims.append(writer.claim_async(jobs[1].id))
-    assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
+    assert [c.result(timeout=30).status for c in claims] == [ClaimStatus.CLAIMED] * 2
     writer.close()
     assert writer.num_transactions == 1
 
@@ -359,7 +361,7 @@ def test_a_window_already_over_takes_only_what_is_queued_and_a_closed_writer_ref
     jobs = new_jobs(session_factory, "pq")
     writer = committer(session_factory, max_wait_s=1e-9)
     claims = [writer.claim_async(job.id) for job in jobs]
-    assert [c.result(timeout=30).status for c in claims] == [store.ClaimStatus.CLAIMED] * 2
+    assert [c.result(timeout=30).status for c in claims] == [ClaimStatus.CLAIMED] * 2
     writer.close()
     with pytest.raises(CommitterStopped, match="the worker's database writer is closed"):
         writer.claim_async(jobs[0].id)

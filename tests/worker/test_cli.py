@@ -13,9 +13,9 @@ import uuid
 import pytest
 from sqlalchemy import make_url
 
-from weir import migrations
 from tests import support
 from tests.worker.conftest import REPO_ROOT
+from weir import migrations
 
 
 def weir(*args, env_overrides=None, cwd=REPO_ROOT, timeout_s=120):
@@ -77,7 +77,7 @@ def test_db_upgrade_and_downgrade(tmp_path):
 def test_db_reconcile_repairs_counters_changed_by_hand(tmp_path):
     from sqlalchemy import update
 
-    from weir.jobs import store
+    from weir.jobs.batches import cancel_job
     from weir.jobs.db import Batch, BatchStatus, make_engine, make_session_factory
     from weir.jobs.schemas import GenerateRequest
 
@@ -86,9 +86,9 @@ def test_db_reconcile_repairs_counters_changed_by_hand(tmp_path):
     engine = make_engine(url)
     session_factory = make_session_factory(engine)
     with session_factory.begin() as session:
-        batch, [job] = store.create_batch(session, [GenerateRequest(prompt="p")], model="tiny")
+        batch, [job] = support.create_batch(session, [GenerateRequest(prompt="p")], model="tiny")
     with session_factory.begin() as session:
-        store.cancel_job(session, job.id)
+        cancel_job(session, job.id)
         session.execute(update(Batch).where(Batch.id == batch.id).values(
             num_cancelled=0, status=BatchStatus.IN_PROGRESS, finished_at=None))
     engine.dispose()
@@ -104,10 +104,9 @@ def test_db_reconcile_repairs_counters_changed_by_hand(tmp_path):
 def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
     import json
 
-    from weir.jobs import store
     from weir.jobs.db import JobStatus, make_engine, make_session_factory
+    from weir.jobs.results import JobResult
     from weir.jobs.schemas import GenerateRequest
-    from weir.jobs.store import JobResult
 
     url = f"sqlite:///{tmp_path / 'weir.db'}"
     migrations.upgrade(url)
@@ -115,13 +114,13 @@ def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
     session_factory = make_session_factory(engine)
     request = GenerateRequest(prompt="p", custom_id="one", n=2, stop="}", response_format={"type": "json_object"})
     with session_factory.begin() as session:
-        batch, [job] = store.create_batch(session, [request], model="tiny")
+        batch, [job] = support.create_batch(session, [request], model="tiny")
     completions = [{"index": i, "text": "{}", "finish_reason": "stop", "stop_reason": "}", "num_tokens": 2,
                     "cumulative_logprob": None, "logprobs": None, "parsed": {}} for i in range(2)]
     with session_factory.begin() as session:
-        job = store.claim_job(session, job.id)
+        job = support.claim_job(session, job.id)
     with session_factory.begin() as session:
-        store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text="{}", finish_reason="stop",
+        support.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text="{}", finish_reason="stop",
                                                     completions=completions, parsed={}, num_completion_tokens=4))
     engine.dispose()
     env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
@@ -142,10 +141,10 @@ def test_batches_lists_the_most_recent_batches_with_status_and_counts(tmp_path):
 
     from sqlalchemy import update
 
-    from weir.jobs import store
+    from weir.jobs.batches import cancel_batch
     from weir.jobs.db import Batch, JobStatus, make_engine, make_session_factory
+    from weir.jobs.results import JobResult
     from weir.jobs.schemas import GenerateRequest
-    from weir.jobs.store import JobResult
 
     url = f"sqlite:///{tmp_path / 'weir.db'}"
     env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
@@ -154,17 +153,17 @@ def test_batches_lists_the_most_recent_batches_with_status_and_counts(tmp_path):
     engine = make_engine(url)
     session_factory = make_session_factory(engine)
     with session_factory.begin() as session:
-        done, [job, _] = store.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
-                                            model="tiny")
-        cancelled, _ = store.create_batch(session, [GenerateRequest(prompt="p")] * 3, model="SmolLM2-135M-Instruct")
+        done, [job, _] = support.create_batch(session, [GenerateRequest(prompt="p"), GenerateRequest(prompt="q")],
+                                              model="tiny")
+        cancelled, _ = support.create_batch(session, [GenerateRequest(prompt="p")] * 3, model="SmolLM2-135M-Instruct")
         for batch, minute in ((done, 1), (cancelled, 2)):
             session.execute(update(Batch).where(Batch.id == batch.id)
                             .values(created_at=datetime.datetime(2026, 5, 1, 12, minute, 30)))
     with session_factory.begin() as session:
-        job = store.claim_job(session, job.id)
+        job = support.claim_job(session, job.id)
     with session_factory.begin() as session:
-        store.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop"))
-        store.cancel_batch(session, cancelled.id)
+        support.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text="x", finish_reason="stop"))
+        cancel_batch(session, cancelled.id)
     engine.dispose()
     listed = weir("batches", env_overrides=env)
     assert (listed.returncode, listed.stderr) == (0, "")
@@ -196,10 +195,9 @@ def test_an_id_that_is_not_a_uuid_is_one_line_naming_it(tmp_path):
 
 
 def test_results_as_csv_into_a_file_that_appears_only_once_complete(tmp_path):
-    from weir.jobs import store
     from weir.jobs.db import JobStatus, make_engine, make_session_factory
+    from weir.jobs.results import JobResult, record_results
     from weir.jobs.schemas import ClassifyRequest, GenerateRequest
-    from weir.jobs.store import JobResult
 
     url = f"sqlite:///{tmp_path / 'weir.db'}"
     migrations.upgrade(url)
@@ -208,11 +206,11 @@ def test_results_as_csv_into_a_file_that_appears_only_once_complete(tmp_path):
     requests = [GenerateRequest(prompt="p", custom_id="one", metadata={"sku": "é1"}),
                 ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="two")]
     with session_factory.begin() as session:
-        batch, jobs = store.create_batch(session, requests, model="tiny")
+        batch, jobs = support.create_batch(session, requests, model="tiny")
     with session_factory.begin() as session:
-        jobs = [store.claim_job(session, job.id) for job in jobs]
+        jobs = [support.claim_job(session, job.id) for job in jobs]
     with session_factory.begin() as session:
-        store.record_results(session, [
+        record_results(session, [
             (jobs[0], JobResult(status=JobStatus.SUCCEEDED, output_text='Tea, "green"\nfresh.', finish_reason="stop",
                                 num_prompt_tokens=3, num_completion_tokens=5, num_cached_tokens=0)),
             (jobs[1], JobResult.failure("boom")),
@@ -238,7 +236,6 @@ def test_results_as_csv_into_a_file_that_appears_only_once_complete(tmp_path):
 
 
 def test_results_refuses_an_existing_output_file_unless_forced(tmp_path):
-    from weir.jobs import store
     from weir.jobs.db import make_engine, make_session_factory
     from weir.jobs.schemas import GenerateRequest
 
@@ -246,7 +243,7 @@ def test_results_refuses_an_existing_output_file_unless_forced(tmp_path):
     migrations.upgrade(url)
     engine = make_engine(url)
     with make_session_factory(engine).begin() as session:
-        batch, _ = store.create_batch(session, [GenerateRequest(prompt="p", custom_id="one")], model="tiny")
+        batch, _ = support.create_batch(session, [GenerateRequest(prompt="p", custom_id="one")], model="tiny")
     engine.dispose()
     env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
     out = tmp_path / "results.csv"
@@ -724,7 +721,8 @@ def test_batch_submit_reports_a_too_long_prompt_with_the_other_bad_lines(tiny_mo
 
 
 def test_batch_results_refuses_existing_output_or_error_files_unless_forced(tmp_path):
-    from weir.jobs import openai_batch, store
+    from weir.jobs import openai_batch
+    from weir.jobs.batches import cancel_batch
     from weir.jobs.db import make_engine, make_session_factory
     from weir.jobs.schemas import GenerateRequest
 
@@ -735,9 +733,9 @@ def test_batch_results_refuses_existing_output_or_error_files_unless_forced(tmp_
     engine = make_engine(url)
     with make_session_factory(engine).begin() as session:
         meta = openai_batch.batch_metadata(openai_batch.CHAT_COMPLETIONS, str(requests), "24h")
-        batch, [job] = store.create_batch(session, [GenerateRequest(prompt="p", custom_id="a")], model="tiny",
-                                          metadata=meta)
-        store.cancel_batch(session, batch.id)
+        batch, [job] = support.create_batch(session, [GenerateRequest(prompt="p", custom_id="a")], model="tiny",
+                                            metadata=meta)
+        cancel_batch(session, batch.id)
     engine.dispose()
     env = {"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/no-such-model"}
     batch_id = str(batch.id)
@@ -777,9 +775,9 @@ def test_batch_expires_from_the_command_line_and_its_error_lines_stay_out_of_the
     import uuid
     from datetime import timezone
 
-    from weir.jobs import store
+    from weir.jobs.batches import get_batch, list_jobs
     from weir.jobs.db import JobStatus, make_engine, make_session_factory
-    from weir.jobs.store import JobResult
+    from weir.jobs.results import JobResult
 
     openai = pytest.importorskip("openai")
     env = {"WEIR_BROKER_URL": redis_url, "WEIR_QUEUE": queue, "WEIR_MODEL": tiny_model_dir,
@@ -793,14 +791,14 @@ def test_batch_expires_from_the_command_line_and_its_error_lines_stay_out_of_the
     engine = make_engine(f"sqlite:///{tmp_path / 'w.db'}")
     session_factory = make_session_factory(engine)
     with session_factory() as session:
-        a, b, c = store.list_jobs(session, uuid.UUID(batch_id))
+        a, b, c = list_jobs(session, uuid.UUID(batch_id))
     for job, result in [(a, JobResult(status=JobStatus.SUCCEEDED, output_text="Hi", finish_reason="stop",
                                       num_prompt_tokens=3, num_completion_tokens=1)),
                         (b, JobResult(status=JobStatus.FAILED, error="engine: boom"))]:
         with session_factory.begin() as session:
-            assert store.record_result(session, store.claim_job(session, job.id), result)
+            assert support.record_result(session, support.claim_job(session, job.id), result)
     with session_factory() as session:  # naive UTC on SQLite
-        created_at = store.get_batch(session, uuid.UUID(batch_id)).created_at.replace(tzinfo=timezone.utc)
+        created_at = get_batch(session, uuid.UUID(batch_id)).created_at.replace(tzinfo=timezone.utc)
     time.sleep(max(0.0, created_at.timestamp() + 2 - time.time()) + 0.5)
 
     status = weir("batch", "status", batch_id, env_overrides=env)
@@ -810,7 +808,7 @@ def test_batch_expires_from_the_command_line_and_its_error_lines_stay_out_of_the
             expired.request_counts.completed, expired.request_counts.failed) == ("expired", "2s", 3, 1, 1)
     assert expired.expires_at <= expired.expired_at <= time.time()
     with session_factory() as session:
-        assert [j.status for j in store.list_jobs(session, uuid.UUID(batch_id))] == [
+        assert [j.status for j in list_jobs(session, uuid.UUID(batch_id))] == [
             JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED]
     engine.dispose()
 

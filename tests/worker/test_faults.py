@@ -10,7 +10,6 @@ a batch finish before the fault lands.
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 import redis
 from sqlalchemy import make_url, select, text
 
-from weir.jobs import names, store
+from weir.jobs import names
 from weir.jobs.db import BatchStatus, DeadLetter, Job, JobStatus, ProductEnrichment
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 
@@ -199,8 +198,8 @@ def _pings(redis, port):
 def test_redis_restart_mid_batch_worker_reconnects_and_sweeper_republishes_lost_messages(
     private_redis, start_worker, worker_env, slow_model_dir, hooked, effects
 ):
-    from weir.jobs.client import Client
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
+    from weir.jobs.client import Client
 
     port, procs, start_redis = private_redis
     broker_url = f"redis://127.0.0.1:{port}/0"

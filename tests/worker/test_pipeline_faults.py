@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from weir.jobs import names, store
+from weir.jobs import names
+from weir.jobs.claims import ClaimStatus, claim_jobs
 from weir.jobs.db import BatchStatus, JobStatus
 from weir.jobs.schemas import GenerateRequest
 
@@ -175,8 +176,8 @@ def test_a_late_success_after_a_give_up_changes_nothing(start_worker, client, ho
     try:
         time.sleep(3)
         with client.session_factory.begin() as session:  # what a sweep or a redelivery does next
-            claims = store.claim_jobs(session, [job_id], worker="other", lease_s=60, max_attempts=1)
-        assert claims[job_id].status == store.ClaimStatus.GAVE_UP
+            claims = claim_jobs(session, [job_id], worker="other", lease_s=60, max_attempts=1)
+        assert claims[job_id].status == ClaimStatus.GAVE_UP
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
     wait_until(lambda: "result dropped" in frozen.log() or "cancelled or lease lost" in frozen.log(),

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
+from tests import support
 from weir import migrations
 from weir.config import CacheSettings, DatabaseSettings, EngineSettings, Settings, WorkerSettings
-from weir.jobs import store
 from weir.jobs.db import Job, JobKind, JobStatus
 from weir.jobs.schemas import GenerateRequest
 from weir.worker.runtime import WorkerRuntime
@@ -76,11 +76,11 @@ def test_every_sampling_field_reaches_the_engine_and_every_completion_is_stored(
     assert result.num_prompt_tokens == len(want.prompt_token_ids)
 
     with runtime.session_factory.begin() as session:
-        _, [job] = store.create_batch(session, [request], model="tiny")
+        _, [job] = support.create_batch(session, [request], model="tiny")
     with runtime.session_factory.begin() as session:
-        job = store.claim_job(session, job.id)
+        job = support.claim_job(session, job.id)
     with runtime.session_factory.begin() as session:
-        assert store.record_result(session, job, result)
+        assert support.record_result(session, job, result)
     with runtime.session_factory() as session:
         row = session.get(Job, job.id)
     assert (row.output_text, row.completions, row.num_completion_tokens) == (
