@@ -53,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     from weir import migrations
     from weir.config import DatabaseSettings, EngineSettings, Settings, WorkerSettings
     from weir.jobs import counters
+    from weir.jobs.catalog.tables import ProductEnrichment
     from weir.jobs.client import Client
-    from weir.jobs.db import Job, JobStatus, ProductEnrichment
+    from weir.jobs.db import Job, JobStatus
     from weir.jobs.schemas import GenerateRequest
     from weir.jobs.testing import save_tiny_chat_model, temporary_postgres_database
 
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             requests = [
                 GenerateRequest(prompt=f"Product {i}: describe it.", custom_id=f"soak-{i}", temperature=0,
                                 max_tokens=args.max_tokens, metadata={"product_id": f"p-{i}"},
-                                enrichment={"catalog": "soak", "product_id": f"p-{i}"})
+                                extensions={"enrichment": {"catalog": "soak", "product_id": f"p-{i}"}})
                 for i in range(args.jobs)
             ]
             started = time.monotonic()

@@ -14,14 +14,13 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from weir.jobs.schemas import ChatMessage, ClassifyRequest, Enrichment, GenerateRequest, ResponseFormat, parse_request
+from weir.jobs.schemas import ChatMessage, ClassifyRequest, GenerateRequest, ResponseFormat, parse_request
 
 __all__ = [
     "Client",
     "ChatMessage",
     "GenerateRequest",
     "ClassifyRequest",
-    "Enrichment",
     "ResponseFormat",
     "parse_request",
     "default_client",

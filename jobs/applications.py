@@ -13,7 +13,13 @@ so the core imports no application, as Celery finds its extensions and pytest it
 - :data:`SWEEP_RULES`: a :class:`SweepRule`, run by every sweep (OpenAI batch expiry);
 - :data:`TASKS`: a module of Celery tasks the worker imports (the catalog's nightly task);
 - :data:`BEAT_SCHEDULES`: a function of the settings returning entries of Celery's
-  ``beat_schedule`` (the catalog's nightly run).
+  ``beat_schedule`` (the catalog's nightly run);
+- :data:`TABLES`: a module defining the application's tables on :class:`weir.jobs.db.Base` (the
+  catalog's ``product_enrichment``), imported by :func:`load_tables` so that the migrations and
+  their check see one metadata;
+- :data:`REQUEST_EXTENSIONS`: a pydantic model of the data an application keeps with a job under
+  its name in the request's ``extensions`` (the catalog's :class:`~weir.jobs.catalog.marker.Enrichment`),
+  checked when the request is (:class:`RequestExtension`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ POST_RUN_POLICIES = "weir.post_run_policies"
 SWEEP_RULES = "weir.sweep_rules"
 TASKS = "weir.tasks"
 BEAT_SCHEDULES = "weir.beat_schedules"
+TABLES = "weir.tables"
+REQUEST_EXTENSIONS = "weir.request_extensions"
 
 
 class ResultProjection(Protocol):
@@ -51,6 +59,18 @@ class PostRunPolicy(Protocol):
 
     def pick(self, request: Any, outputs: list[Any]) -> int:
         """The index of the run to keep among ``outputs`` (the first run's, then the retry's)."""
+
+
+class RequestExtension(Protocol):
+    """A pydantic model of an application's data kept with a job (``request.extensions[name]``)."""
+
+    def check_request(self, request: Any) -> None:
+        """Refuse (``ValueError`` naming the field) an extension that does not fit the request it
+        rides on (``request``: the whole ``ClassifyRequest``/``GenerateRequest``)."""
+
+    def sampling_attempts(self) -> dict[str, dict[str, Any]]:
+        """Sampling fields of further runs the application may ask for (its post-run policy), by
+        the field that holds them, so the producer checks that each attempt fits the model."""
 
 
 class SweepRule(Protocol):
@@ -83,6 +103,12 @@ def load_each(group: str) -> dict[str, Any]:
         except Exception:
             logger.exception("%s entry point %s (%s) cannot be loaded", group, ep.name, ep.value)
     return found
+
+
+def load_tables() -> None:
+    """Import every application's table module (:data:`TABLES`), so that
+    :class:`weir.jobs.db.Base`'s metadata holds their tables too."""
+    load(TABLES)
 
 
 def task_modules() -> list[str]:

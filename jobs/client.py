@@ -745,8 +745,8 @@ class Client:
         Keys: ``job_id``, ``custom_id``, ``kind``, ``status``, ``attempts``, ``output_text``,
         ``label``, ``label_probs``, ``finish_reason``, ``completions``, ``parsed``,
         ``prompt_logprobs``, ``num_prompt_tokens``, ``num_completion_tokens``,
-        ``num_cached_tokens``, ``error``, ``metadata`` (the request's), ``enrichment`` (the
-        request's :class:`weir.jobs.schemas.Enrichment` as a dict, or None), ``sampling_params`` (a
+        ``num_cached_tokens``, ``error``, ``metadata`` (the request's), ``extensions`` (the
+        request's application data by name, e.g. the catalog's ``enrichment``), ``sampling_params`` (a
         generation's sampling fields as stored, engine names, with its ``response_format`` if
         any; None for a classification). The columns are described in :class:`weir.jobs.db.Job`.
 
@@ -773,7 +773,7 @@ class Client:
                 "num_cached_tokens": job.num_cached_tokens,
                 "error": job.error,
                 "metadata": job.request.get("metadata", {}),
-                "enrichment": job.request.get("enrichment"),
+                "extensions": job.request.get("extensions", {}),
                 "sampling_params": _sampling_params(job.request) if job.kind.value == "generate" else None,
             }
 

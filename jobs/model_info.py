@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Optional, Sequence
 
-from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest
+from weir.jobs.schemas import ClassifyRequest, GenerateRequest, JobRequest, request_extensions
 from weir.model_source import (PromptType, encode_prompt, encode_prompts, encode_texts, gguf_context_length,
                                resolve_model)
 from weir.model_source import load_tokenizer as _load_tokenizer
@@ -83,7 +83,8 @@ class RequestProblem:
     Attributes:
         field: the request's field at fault, as weir names it: ``prompt``, ``max_tokens``,
             ``labels``, ``label_texts``, ``logprobs``, ``prompt_logprobs``, ``stop_token_ids``, or
-            one of the last three under ``enrichment.retry_sampling.``.
+            one of the last three under an extension's further run (the catalog's
+            ``extensions.enrichment.retry_sampling.``).
         message: what is wrong, without the request's name, e.g. ``max_tokens=600 is more than
             max_model_len=512`` (a field's value is written ``field=value``).
         error: the exception class :meth:`PromptChecker.check` raises for it.
@@ -171,8 +172,8 @@ class PromptChecker:
         Raises:
             PromptTooLongError: the request does not fit; the message gives both numbers.
             EngineLimitError: ``logprobs``/``prompt_logprobs`` above ``max_logprobs``, or
-                ``stop_token_ids`` outside ``[0, vocab_size)`` (of the request or of its
-                ``enrichment.retry_sampling``); the message names the field, e.g.
+                ``stop_token_ids`` outside ``[0, vocab_size)`` (of the request or of a further run
+                its extensions ask for); the message names the field, e.g.
                 ``request a: logprobs=30 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS)``.
         """
         return self._check_batch([request], first_index=None)[0]
@@ -239,9 +240,11 @@ class PromptChecker:
     def _sampling_problem(self, request: GenerateRequest) -> Optional["RequestProblem"]:
         """What the engine's ``check_request`` would refuse of the request's sampling fields (then
         of its second attempt's), in its words; None when nothing."""
-        attempts = [("", request)]  # the request holds its sampling fields as the engine normalised them
-        if (retry := request.retry_params()) is not None:
-            attempts.append(("enrichment.retry_sampling.", retry))
+        attempts: list[tuple[str, Any]] = [("", request)]  # its sampling fields as the engine normalised them
+        models = request_extensions() if request.extensions else {}
+        for name, value in request.extensions.items():  # further runs an application may ask for
+            for field, overrides in models[name].model_validate(value).sampling_attempts().items():
+                attempts.append((f"extensions.{name}.{field}.", request.params_with(overrides)))
         for prefix, params in attempts:
             for name in ("logprobs", "prompt_logprobs"):
                 asked = getattr(params, name)

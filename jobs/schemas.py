@@ -13,6 +13,7 @@ model's chat template with the generation prompt appended.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -25,8 +26,6 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from weir.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 MAX_CUSTOM_ID_CHARS = 256
-MAX_PRODUCT_ID_CHARS = 64  # product_enrichment.product_id is VARCHAR(64)
-MAX_CATALOG_CHARS = 300  # product_enrichment.catalog is VARCHAR(300)
 MAX_SEED = 2**63 - 1
 MAX_TEXT_CHARS = 1_000_000
 """Longest prompt, system prompt, message or label text a request may carry, in characters.
@@ -128,28 +127,13 @@ BULK_PRIORITY = 9
 broker (kombu's Redis priority level 9, polled after level 0) and in the engine."""
 
 
-class Enrichment(BaseModel):
-    """Marks a catalog enrichment job: its result fills the ``product_enrichment`` row of
-    (``catalog``, ``product_id``). ``field`` says which of the row's fields: ``category`` (a
-    classification's label and its probability), ``description`` (a generation's text and its
-    ``quality``) or ``attributes`` (a generation constrained to JSON: its parsed value). When not
-    given it is ``category`` for a classification and ``description`` for a generation. Jobs
-    without it never write that table, whatever their metadata holds."""
+@functools.lru_cache(maxsize=1)
+def request_extensions() -> dict[str, Any]:
+    """The pydantic models of request extensions, by name, from the installed applications
+    (:data:`weir.jobs.applications.REQUEST_EXTENSIONS`)."""
+    from weir.jobs import applications
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    catalog: str = Field(min_length=1, max_length=MAX_CATALOG_CHARS)
-    product_id: str = Field(min_length=1, max_length=MAX_PRODUCT_ID_CHARS)
-    field: Optional[Literal["category", "description", "attributes"]] = None
-    fingerprint: Optional[str] = Field(None, min_length=1, max_length=64)
-    """What the result was made from (the catalog job's :func:`weir.jobs.catalog.product_fingerprint`
-    of the product's content, the job spec and the model), stored beside the field it fills so that
-    an incremental run skips the products it has already enriched."""
-    retry_sampling: Optional[dict[str, Any]] = None
-    """A description job only: when its output is flagged
-    (:func:`weir.jobs.catalog.quality.description_quality` not ``ok``), the worker generates it once more
-    with these sampling fields replaced and keeps the first clean attempt (else the first); the
-    job's token counts include both attempts."""
+    return applications.load(applications.REQUEST_EXTENSIONS)
 
 
 class _JobRequest(BaseModel):
@@ -160,11 +144,43 @@ class _JobRequest(BaseModel):
     custom_id: Optional[str] = Field(None, min_length=1, max_length=MAX_CUSTOM_ID_CHARS)
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Free JSON kept with the job (see :func:`check_json` for what it may hold)."""
-    enrichment: Optional[Enrichment] = None
+    extensions: dict[str, Any] = Field(default_factory=dict)
+    """Data applications keep with the job, by name: each value is checked by the pydantic model
+    its application registers (entry-point group ``weir.request_extensions``; the catalog's
+    ``enrichment``, :class:`weir.jobs.catalog.marker.Enrichment`) and stored as that model dumps it.
+    The core stores it and hands the job back to the application's result projection and post-run
+    policy; a name no installed application registers is refused."""
     priority: Priority = 0
     """The engine's scheduling priority (vLLM's: lower runs first; with
     ``WEIR_SCHEDULING_POLICY=priority``); set for a whole batch by ``Client.enqueue_batch(priority=)``,
     whose messages also go to the broker's priority level for it."""
+
+    @model_validator(mode="after")
+    def _registered_extensions(self) -> "_JobRequest":
+        """Each extension checked by its application's model, kept as that model dumps it, then
+        checked against this request (the model's ``check_request``). Errors carry the location
+        ``("extensions", name, ...)``."""
+        if not self.extensions:
+            return self
+        models = request_extensions()
+        for name, value in list(self.extensions.items()):
+            model = models.get(name)
+            if model is None:
+                raise _field_error(f"extensions.{name}", value, f"extensions.{name}: no installed application "
+                                   f"registers it (registered: {', '.join(models) or 'none'})")
+            try:
+                extension = model.model_validate(value)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(["extensions", name, *map(str, error["loc"])])
+                raise _field_error(where, error.get("input"), f"{where}: {error['msg']}") from None
+            try:
+                extension.check_request(self)
+            except ValueError as exc:
+                field = str(exc).split(":", 1)[0]
+                raise _field_error(f"extensions.{name}.{field}", value, f"extensions.{name}.{exc}") from None
+            self.extensions[name] = extension.model_dump(mode="json", exclude_none=True)
+        return self
 
     @field_validator("prompt", "calibration_prompt", mode="before", check_fields=False)
     @classmethod
@@ -337,25 +353,6 @@ class GenerateRequest(_JobRequest):
         if self.structured_outputs is not None:
             self.structured_outputs = params.structured_outputs.to_dict()
             check_json(self.structured_outputs, "structured_outputs")
-        field = None if self.enrichment is None else self.enrichment.field
-        if field == "category":
-            raise _field_error("enrichment.field", field, "enrichment.field: a generation job fills "
-                               "description or attributes, not category")
-        retry = None if self.enrichment is None else self.enrichment.retry_sampling
-        if retry is not None:
-            if field not in (None, "description"):
-                raise _field_error("enrichment.retry_sampling", retry, "enrichment.retry_sampling: only a "
-                                   "description job is retried")
-            if "structured_outputs" in retry:
-                raise _field_error("enrichment.retry_sampling", retry,
-                                   "enrichment.retry_sampling: structured_outputs cannot be replaced")
-            try:
-                self.retry_params()
-            except (TypeError, ValueError) as exc:
-                raise _field_error("enrichment.retry_sampling", retry, f"enrichment.retry_sampling: {exc}") from None
-        if field == "attributes" and not self.wants_json:
-            raise _field_error("enrichment.field", field, "enrichment.field: attributes are filled only by a "
-                               "job constrained to JSON (response_format json_schema or json_object)")
         return self
 
     def sampling_params(self) -> SamplingParams:
@@ -366,13 +363,14 @@ class GenerateRequest(_JobRequest):
             fields["structured_outputs"] = self.response_format.structured_outputs()
         return SamplingParams(**fields)
 
-    def retry_params(self) -> Optional[SamplingParams]:
-        """The second attempt's ``SamplingParams`` (``enrichment.retry_sampling`` over this
-        request's), or None when the request asks for none."""
-        retry = None if self.enrichment is None else self.enrichment.retry_sampling
-        if not retry:
-            return None
-        return SamplingParams(**{**{name: getattr(self, name) for name in SAMPLING_FIELDS}, **retry})
+    def params_with(self, overrides: dict[str, Any]) -> SamplingParams:
+        """This request's ``SamplingParams`` with the fields of ``overrides`` replaced: a further run
+        an application asks for (the catalog's description retry).
+
+        Raises:
+            TypeError, ValueError: as ``SamplingParams`` does for the merged fields.
+        """
+        return SamplingParams(**{**{name: getattr(self, name) for name in SAMPLING_FIELDS}, **overrides})
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampling fields by their engine names, as stored (JSON)."""
@@ -390,7 +388,7 @@ class GenerateRequest(_JobRequest):
 def _field_error(name: str, value: Any, message: str) -> ValidationError:
     """A ValidationError at the field ``name`` (dotted for a nested one) with the engine's message."""
     loc = tuple(name.split(".")) if name.split(".")[0] in GenerateRequest.model_fields else ()
-    return ValidationError.from_exception_data("GenerateRequest", [InitErrorDetails(
+    return ValidationError.from_exception_data("JobRequest", [InitErrorDetails(
         type=PydanticCustomError("sampling_params", "{message}", {"message": message}), loc=loc, input=value)])
 
 
@@ -430,8 +428,6 @@ class ClassifyRequest(_JobRequest):
                 raise ValueError(f"label_texts has {len(self.label_texts)} entries for {len(self.labels)} labels")
             if any(not t.strip() for t in self.label_texts):
                 raise ValueError("label_texts must not be blank")
-        if self.enrichment is not None and self.enrichment.field not in (None, "category"):
-            raise ValueError(f"enrichment.field: a classification job fills category, not {self.enrichment.field}")
         return self
 
     def engine_calibration_prompt(self) -> Union[str, list[dict[str, str]], None]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from alembic import context
 
+from weir.jobs.applications import load_tables
 from weir.jobs.db import Base, make_engine
 
 config = context.config
+load_tables()  # the applications' tables join the core's on one metadata
 target_metadata = Base.metadata
 
 

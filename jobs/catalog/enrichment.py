@@ -27,8 +27,9 @@ from typing import Any, Iterable, Optional
 
 from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.catalog.extraction import extraction_messages
+from weir.jobs.catalog.marker import EXTENSION, Enrichment, enrichment_of
 from weir.jobs.catalog.quality import OK, description_quality
-from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, Enrichment, GenerateRequest, JobRequest
+from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, GenerateRequest, JobRequest
 from weir.jobs.catalog.spec import OPTIONAL_COLUMNS, JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
@@ -336,7 +337,8 @@ def classify_request(product: Product, catalog: Catalog, exemplars: Optional[lis
         label_texts=[label_text(label, hints.get(label, [])) for label in labels],
         calibration_prompt=classify_prompt(spec, "N/A", shots) if calibrate else None,
         metadata={"product_id": product.product_id},
-        enrichment=Enrichment(catalog=catalog_key(catalog), product_id=product.product_id, fingerprint=fingerprint),
+        extensions={EXTENSION: Enrichment(catalog=catalog_key(catalog), product_id=product.product_id,
+                                          fingerprint=fingerprint)},
     )
 
 
@@ -356,8 +358,8 @@ def describe_request(product: Product, spec: JobSpec, catalog: str, fingerprint:
         system_prompt=spec.describe.system_prompt.format(shop=spec.domain.shop),
         prompt=describe_prompt(spec, product),
         metadata={"product_id": product.product_id},
-        enrichment=Enrichment(catalog=catalog, product_id=product.product_id, fingerprint=fingerprint,
-                              retry_sampling=spec.describe.retry_sampling or None),
+        extensions={EXTENSION: Enrichment(catalog=catalog, product_id=product.product_id, fingerprint=fingerprint,
+                                          retry_sampling=spec.describe.retry_sampling or None)},
         **spec.describe.sampling,
     )
 
@@ -373,8 +375,8 @@ def extract_request(product: Product, spec: JobSpec, catalog: str, fingerprint: 
         custom_id=f"{product.product_id}/attributes",
         prompt=extraction_messages(extract, spec.domain.shop, product.name, product.description),
         metadata={"product_id": product.product_id},
-        enrichment=Enrichment(catalog=catalog, product_id=product.product_id, field="attributes",
-                              fingerprint=fingerprint),
+        extensions={EXTENSION: Enrichment(catalog=catalog, product_id=product.product_id, field="attributes",
+                                          fingerprint=fingerprint)},
         structured_outputs={"json": extract.schema, "disable_any_whitespace": True},
         **extract.sampling,
     )
@@ -651,8 +653,9 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         and truth.get(str(r["metadata"].get("product_id")))
     ]
     generated = [r for r in results if r["kind"] == "generate" and r["status"] == "succeeded"]
-    extracted = [r for r in generated if (r.get("enrichment") or {}).get("field") == "attributes"]
-    described = [r for r in generated if (r.get("enrichment") or {}).get("field") != "attributes"]
+    fills = [getattr(enrichment_of(r), "field", None) for r in generated]
+    extracted = [r for r, field in zip(generated, fills) if field == "attributes"]
+    described = [r for r, field in zip(generated, fills) if field != "attributes"]
     categories = [truth.get(str(r["metadata"].get("product_id")), "") for r in classified]
     num_correct = sum(r["label"] == category for r, category in zip(classified, categories))
     majority = Counter(categories).most_common(1)

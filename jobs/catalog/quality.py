@@ -10,6 +10,8 @@ import re
 from collections import Counter
 from typing import Any, Optional
 
+from weir.jobs.catalog.marker import enrichment_of
+
 OK = "ok"
 EMPTY = "empty"
 UNFINISHED = "unfinished"
@@ -76,14 +78,15 @@ def pick_description(texts: list[Optional[str]]) -> int:
 
 class DescriptionRetry:
     """The catalog's post-run policy (:class:`weir.jobs.applications.PostRunPolicy`): a generation
-    that asks for a retry (``enrichment.retry_sampling``) and whose text the check flags runs once
-    more with that sampling; the first clean attempt is kept (:func:`pick_description`)."""
+    that asks for a retry (its :class:`~weir.jobs.catalog.marker.Enrichment`'s ``retry_sampling``)
+    and whose text the check flags runs once more with that sampling; the first clean attempt is
+    kept (:func:`pick_description`)."""
 
     def retry_params(self, request: Any, output: Any) -> Optional[Any]:
-        retry = request.retry_params()
-        if retry is None or description_quality(output.outputs[0].text) == OK:
+        enrichment = enrichment_of(request)
+        if enrichment is None or not enrichment.retry_sampling or description_quality(output.outputs[0].text) == OK:
             return None
-        return retry
+        return request.params_with(enrichment.retry_sampling)
 
     def pick(self, request: Any, outputs: list[Any]) -> int:
         return pick_description([output.outputs[0].text for output in outputs])

@@ -12,8 +12,10 @@ from typing import Any, Optional, Sequence
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from weir.jobs.catalog.marker import enrichment_of
 from weir.jobs.catalog.quality import description_quality
-from weir.jobs.db import Batch, Job, JobKind, JobStatus, ProductEnrichment, utcnow
+from weir.jobs.catalog.tables import ProductEnrichment
+from weir.jobs.db import Batch, Job, JobKind, JobStatus, utcnow
 from weir.jobs.results import JobResult, uuid_literal
 
 
@@ -30,9 +32,10 @@ def record_enrichment(session: Session, job: Job, result: JobResult, *, model: s
 
 def enrichment_target(job: Job) -> Optional[tuple[str, str]]:
     """(catalog, product id) of a job marked as catalog enrichment (its request's
-    ``enrichment``), else None: a job's metadata never makes it one."""
-    target = job.request.get("enrichment")
-    return None if target is None else (target["catalog"], target["product_id"])
+    ``extensions["enrichment"]``, :func:`~weir.jobs.catalog.marker.enrichment_of`), else None: a
+    job's metadata never makes it one."""
+    target = enrichment_of(job.request)
+    return None if target is None else (target.catalog, target.product_id)
 
 
 def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]], *,
@@ -69,20 +72,20 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     # One row per product and field set: a statement may not touch a row twice.
     merged: dict[tuple[str, str, tuple[str, ...]], dict[str, Any]] = {}
     for job, result in wanted:
-        target = job.request["enrichment"]
+        target = enrichment_of(job.request)
         if job.kind == JobKind.CLASSIFY:
             fields = {"category": result.label,
                       "category_confidence": (result.label_probs or {}).get(result.label)}
             name = "category"
-        elif target.get("field") == "attributes":
+        elif target.field == "attributes":
             fields, name = {"attributes": result.parsed}, "attributes"
         else:
             # the kept stop string may end in a space ("! "); the row holds the sentence alone
             fields = {"description": None if result.output_text is None else result.output_text.strip(),
                       "quality": description_quality(result.output_text)}
             name = "description"
-        if target.get("fingerprint") is not None:
-            fields[f"{name}_fingerprint"] = target["fingerprint"]
+        if target.fingerprint is not None:
+            fields[f"{name}_fingerprint"] = target.fingerprint
         catalog, product_id = enrichment_target(job)
         row = dict(catalog=catalog, product_id=product_id, model=model, source_batch_id=job.batch_id,
                    source_batch_created_at=created.get(job.batch_id), updated_at=now, **fields)

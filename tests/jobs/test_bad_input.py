@@ -13,7 +13,8 @@ from sqlalchemy import func, select
 from tests import support
 from weir.jobs import batches, results
 from weir.jobs.catalog import store as catalog_store
-from weir.jobs.db import Batch, Job, JobStatus, ProductEnrichment, make_engine, make_session_factory
+from weir.jobs.catalog.tables import ProductEnrichment
+from weir.jobs.db import Batch, Job, JobStatus, make_engine, make_session_factory
 from weir.jobs.results import NUL_REPLACEMENT, JobResult
 from weir.jobs.schemas import MAX_TEXT_CHARS, ClassifyRequest, GenerateRequest
 
@@ -120,8 +121,8 @@ def load_job(session_factory, job_id):
 
 
 def test_nul_characters_are_stored_as_replacement_characters_never_cut(session_factory):
-    [job] = claimed_jobs(session_factory, [GenerateRequest(prompt="p", enrichment={"catalog": "c.csv",
-                                                                                   "product_id": "nul-1"})])
+    [job] = claimed_jobs(session_factory, [GenerateRequest(prompt="p", extensions={"enrichment": {"catalog": "c.csv",
+                                                                                   "product_id": "nul-1"}})])
     text = "before\x00after\x00"
     with session_factory.begin() as session:
         assert support.record_result(session, job, JobResult(status=JobStatus.SUCCEEDED, output_text=text))
@@ -135,7 +136,7 @@ def test_nul_characters_are_stored_as_replacement_characters_never_cut(session_f
 def test_nan_and_infinity_in_result_json_are_stored_as_null(session_factory):
     labels = ["a", "b", "c"]
     [job] = claimed_jobs(session_factory, [ClassifyRequest(prompt="p", labels=labels,
-                                                           enrichment={"catalog": "c.csv", "product_id": "nan-1"})])
+                                                           extensions={"enrichment": {"catalog": "c.csv", "product_id": "nan-1"}})])
     result = JobResult(status=JobStatus.SUCCEEDED, label="a",
                        label_probs={"a": math.nan, "b": math.inf, "c": 0.25})
     with session_factory.begin() as session:

@@ -12,7 +12,7 @@ from weir.jobs.catalog.enrichment import (
 )
 from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.model_info import PromptChecker
-from weir.jobs.schemas import Enrichment
+from weir.jobs.catalog.marker import Enrichment, enrichment_of
 from weir.jobs.catalog.spec import DESCRIBE_SYSTEM_PROMPT, JobSpec, Taxonomy, load_spec
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
@@ -226,9 +226,9 @@ def test_zero_shot_jobs_per_product():
         spec.describe.sampling["stop"], True, 1.2)
     assert classify.metadata == describe.metadata == {"product_id": "42"}
     key = os.path.abspath("c.csv")
-    assert classify.enrichment == Enrichment(catalog=key, product_id="42")
+    assert enrichment_of(classify) == Enrichment(catalog=key, product_id="42")
     # a flagged description is written once more with the spec's retry sampling
-    assert describe.enrichment == Enrichment(catalog=key, product_id="42",
+    assert enrichment_of(describe) == Enrichment(catalog=key, product_id="42",
                                              retry_sampling={"repetition_penalty": 1.1, "frequency_penalty": 0.3})
 
 
@@ -268,7 +268,7 @@ def result(kind, status, product_id, label=None, prompt=0, cached=0, completion=
     return {"kind": kind, "status": status, "label": label, "output_text": text, "num_prompt_tokens": prompt,
             "num_cached_tokens": cached, "num_completion_tokens": completion,
             "metadata": {"product_id": product_id}, "parsed": parsed, "finish_reason": finish_reason,
-            "enrichment": {"catalog": "c", "product_id": product_id, "field": field}}
+            "extensions": {"enrichment": {"catalog": "c", "product_id": product_id, "field": field}}}
 
 
 def test_a_spec_with_extract_fields_adds_an_attribute_job():
@@ -277,7 +277,7 @@ def test_a_spec_with_extract_fields_adds_an_attribute_job():
     catalog = Catalog("c.csv", [product], ["Beauty"], spec=spec)
     classify, describe, extract = product_requests(product, catalog)
     assert extract.custom_id == "42/attributes"
-    assert extract.enrichment == Enrichment(catalog=os.path.abspath("c.csv"), product_id="42", field="attributes")
+    assert enrichment_of(extract) == Enrichment(catalog=os.path.abspath("c.csv"), product_id="42", field="attributes")
     assert extract.structured_outputs == {"json": spec.extract.schema, "disable_any_whitespace": True}
     assert extract.wants_json and (extract.temperature, extract.max_tokens) == (0.0, 128)
     system, example, answer, _, _, listing = extract.prompt

@@ -123,9 +123,9 @@ def test_max_tokens_beyond_max_model_len_is_refused_at_enqueue(client, celery_ap
      "request big: prompt_logprobs=100 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS) (batch index 1)"),
     ({"stop_token_ids": [2, 49152, 10**6]},
      "request big: stop_token_ids outside the vocabulary [0, 49152): [49152, 1000000] (batch index 1)"),
-    ({"enrichment": {"catalog": "c.csv", "product_id": "1", "retry_sampling": {"logprobs": 30}}},
-     "request big: enrichment.retry_sampling.logprobs=30 is more than max_logprobs=20 (WEIR_MAX_LOGPROBS) "
-     "(batch index 1)"),
+    ({"extensions": {"enrichment": {"catalog": "c.csv", "product_id": "1", "retry_sampling": {"logprobs": 30}}}},
+     "request big: extensions.enrichment.retry_sampling.logprobs=30 is more than max_logprobs=20 "
+     "(WEIR_MAX_LOGPROBS) (batch index 1)"),
 ])
 def test_engine_limits_are_refused_at_enqueue(client, celery_app, queue, fields, message):
     before = count_jobs(client)

@@ -113,14 +113,14 @@ def ok(**fields):
 def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
         pg_sessions, listener, reader, conninfo):
     requests = [
-        ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p1/category", enrichment=enriching("p1")),
-        GenerateRequest(prompt="p", custom_id="p1/description", enrichment=enriching("p1")),
+        ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p1/category", extensions={"enrichment": enriching("p1")}),
+        GenerateRequest(prompt="p", custom_id="p1/description", extensions={"enrichment": enriching("p1")}),
         GenerateRequest(prompt="p", custom_id="p1/attributes", response_format={"type": "json_object"},
-                        enrichment=enriching("p1", "attributes")),
-        GenerateRequest(prompt="p", custom_id="p2/description", enrichment=enriching("p2")),
-        GenerateRequest(prompt="p", custom_id="p3/description", enrichment=enriching("p3")),
-        ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p4/category", enrichment=enriching("p4")),
-        ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p3/category", enrichment=enriching("p3")),
+                        extensions={"enrichment": enriching("p1", "attributes")}),
+        GenerateRequest(prompt="p", custom_id="p2/description", extensions={"enrichment": enriching("p2")}),
+        GenerateRequest(prompt="p", custom_id="p3/description", extensions={"enrichment": enriching("p3")}),
+        ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p4/category", extensions={"enrichment": enriching("p4")}),
+        ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p3/category", extensions={"enrichment": enriching("p3")}),
     ]
     # The transactions of Client.enqueue_batch, then of the workers.
     with pg_sessions.begin() as session:

@@ -9,6 +9,7 @@ from weir.jobs.catalog import store as catalog_store
 from weir.jobs.catalog.enrichment import (
     Catalog, Product, catalog_requests, plan_enrichment, product_fingerprint, spec_version,
 )
+from weir.jobs.catalog.marker import enrichment_of
 from weir.jobs.catalog.spec import JobSpec, load_spec
 from weir.jobs.db import JobKind, JobStatus
 from weir.jobs.results import JobResult
@@ -67,7 +68,7 @@ def test_a_second_run_enriches_only_the_three_changed_products(session_factory):
     requests = catalog_requests(changed, plan)
     assert [r.custom_id for r in requests] == [
         "3/category", "3/description", "17/category", "17/description", "40/category", "40/description"]
-    assert {r.enrichment.fingerprint for r in requests[:2]} == {product_fingerprint(edited[3], JobSpec(), MODEL)}
+    assert {enrichment_of(r).fingerprint for r in requests[:2]} == {product_fingerprint(edited[3], JobSpec(), MODEL)}
 
     # the run stops part way: product 3 finished, 17 only classified, 40 not started
     assert run_jobs(session_factory, changed, plan, only={"3/category", "3/description", "17/category"}) == 6

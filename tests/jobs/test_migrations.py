@@ -54,6 +54,9 @@ def test_upgrade_downgrade_round_trip(empty_url):
 
 
 def test_models_match_migrations(empty_url):
+    from weir.jobs.applications import load_tables
+
+    load_tables()  # the applications' tables (product_enrichment) on the core's metadata
     migrations.upgrade(empty_url)
     engine = make_engine(empty_url)
     try:
@@ -134,3 +137,42 @@ def test_the_reader_role_is_shared_by_the_databases_of_one_server():
         assert reader_state(second) == (1, True, False, 2, True)
         migrations.upgrade(first)
         assert reader_state(first) == reader_state(second) == (1, True, False, 2, True)
+
+
+def test_the_catalog_mark_moves_under_extensions_and_back(empty_url):
+    import json
+
+    from sqlalchemy import text
+
+    migrations.upgrade(empty_url, "20261202_0008")
+    engine = make_engine(empty_url)
+    batch, marked, plain = ("0" * 31 + c for c in "abc")
+    if engine.dialect.name == "postgresql":
+        batch, marked, plain = (f"00000000-0000-0000-0000-{b[-12:]}" for b in (batch, marked, plain))
+    mark = {"catalog": "/data/a.csv", "product_id": "7", "field": "description"}
+    stored = {marked: {"prompt": "p", "metadata": {}, "enrichment": mark}, plain: {"prompt": "q", "metadata": {}}}
+
+    def requests():
+        with engine.begin() as connection:
+            rows = connection.execute(text("SELECT id, request FROM jobs ORDER BY batch_index")).all()
+        return [r if isinstance(r, dict) else json.loads(r) for _, r in rows]
+
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(
+                "INSERT INTO batches (id, status, model, num_jobs, num_succeeded, num_failed, num_cancelled, "
+                "created_at, metadata) VALUES (:id, 'queued', 'm', 2, 0, 0, 0, '2026-12-01 00:00:00+00', '{}')"),
+                {"id": batch})
+            for index, job_id in enumerate((marked, plain)):
+                connection.execute(text(
+                    "INSERT INTO jobs (id, batch_id, batch_index, custom_id, kind, model, request, status, "
+                    "attempts, lease_token, queued_at) VALUES (:id, :b, :i, :c, 'generate', 'm', :r, 'queued', 0, 0, "
+                    "'2026-12-01 00:00:00+00')"),
+                    {"id": job_id, "b": batch, "i": index, "c": str(index), "r": json.dumps(stored[job_id])})
+        migrations.upgrade(empty_url)
+        assert requests() == [{"prompt": "p", "metadata": {}, "extensions": {"enrichment": mark}},
+                              {"prompt": "q", "metadata": {}}]
+        migrations.downgrade(empty_url, "20261202_0008")
+        assert requests() == [stored[marked], stored[plain]]
+    finally:
+        engine.dispose()

@@ -1,6 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
+from weir.jobs.catalog.marker import enrichment_of
 from weir.jobs.schemas import ChatMessage, ClassifyRequest, GenerateRequest, parse_request
 
 
@@ -209,10 +210,10 @@ def test_engine_prompt_messages_follow_system_prompt():
 
 def test_round_trip_through_stored_json():
     request = ClassifyRequest(prompt="x", labels=["a", "b"], custom_id="p1", metadata={"product_id": 7},
-                              enrichment={"catalog": "/data/a.csv", "product_id": "7"})
+                              extensions={"enrichment": {"catalog": "/data/a.csv", "product_id": "7"}})
     stored = request.model_dump(mode="json", exclude_none=True)
     assert parse_request(stored) == request
-    assert stored["enrichment"] == {"catalog": "/data/a.csv", "product_id": "7"}
+    assert stored["extensions"] == {"enrichment": {"catalog": "/data/a.csv", "product_id": "7"}}
 
 
 @pytest.mark.parametrize("fields, loc", [
@@ -222,12 +223,16 @@ def test_round_trip_through_stored_json():
     ({"max_tokens": True}, ("max_tokens",)),
     ({"temperature": "0.5"}, ("temperature",)),
     ({"top_k": 2.0}, ("top_k",)),
-    ({"enrichment": {"catalog": "c", "product_id": "p" * 65}}, ("enrichment", "product_id")),
-    ({"enrichment": {"catalog": "c", "product_id": 7}}, ("enrichment", "product_id")),
+    ({"extensions": {"enrichment": {"catalog": "c", "product_id": "p" * 65}}}, ("extensions", "enrichment", "product_id")),
+    ({"extensions": {"enrichment": {"catalog": "c", "product_id": 7}}}, ("extensions", "enrichment", "product_id")),
     ({"metadata": {"when": {1, 2}}}, ("metadata",)),
-    ({"enrichment": {"catalog": "c", "product_id": "7", "field": "attributes"}}, ("enrichment", "field")),
-    ({"enrichment": {"catalog": "c", "product_id": "7", "field": "category"}}, ("enrichment", "field")),
-    ({"enrichment": {"catalog": "c", "product_id": "7", "field": "colour"}}, ("enrichment", "field")),
+    ({"extensions": {"enrichment": {"catalog": "c", "product_id": "7", "field": "attributes"}}},
+     ("extensions", "enrichment", "field")),
+    ({"extensions": {"enrichment": {"catalog": "c", "product_id": "7", "field": "category"}}},
+     ("extensions", "enrichment", "field")),
+    ({"extensions": {"enrichment": {"catalog": "c", "product_id": "7", "field": "colour"}}},
+     ("extensions", "enrichment", "field")),
+    ({"extensions": {"nosuch": {}}}, ("extensions", "nosuch")),
 ])
 def test_out_of_range_values_are_refused_naming_the_field(fields, loc):
     from pydantic import ValidationError
@@ -246,9 +251,10 @@ def test_an_enrichment_field_must_be_one_the_job_fills():
 
     target = {"catalog": "c", "product_id": "7"}
     with pytest.raises(ValidationError, match="a classification job fills category, not description"):
-        ClassifyRequest(prompt="x", labels=["a", "b"], enrichment={**target, "field": "description"})
+        ClassifyRequest(prompt="x", labels=["a", "b"], extensions={"enrichment": {**target, "field": "description"}})
     with pytest.raises(ValidationError, match="attributes are filled only by a job constrained to JSON"):
-        GenerateRequest(prompt="x", enrichment={**target, "field": "attributes"}, structured_outputs={"regex": "a+"})
-    request = GenerateRequest(prompt="x", enrichment={**target, "field": "attributes"},
+        GenerateRequest(prompt="x", extensions={"enrichment": {**target, "field": "attributes"}},
+                        structured_outputs={"regex": "a+"})
+    request = GenerateRequest(prompt="x", extensions={"enrichment": {**target, "field": "attributes"}},
                               response_format={"type": "json_object"})
-    assert parse_request(request.model_dump(mode="json", exclude_none=True)).enrichment.field == "attributes"
+    assert enrichment_of(parse_request(request.model_dump(mode="json", exclude_none=True))).field == "attributes"

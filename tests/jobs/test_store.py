@@ -13,9 +13,10 @@ from weir.jobs.batches import (
     begin_batch, cancel_batch, cancel_job, delete_stale_validating, get_batch, list_jobs,
 )
 from weir.jobs.catalog import store as catalog_store
+from weir.jobs.catalog.tables import ProductEnrichment
 from weir.jobs.claims import Claim, ClaimStatus, claim_jobs, job_status, release_jobs, renew_leases
 from weir.jobs.counters import reconcile_batches
-from weir.jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
+from weir.jobs.db import BatchStatus, Job, JobStatus
 from weir.jobs.outbox import mark_published, take_jobs_to_publish
 from weir.jobs.results import JobResult, parse_json_output, record_dead_letter, record_results
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
@@ -33,7 +34,7 @@ def enriching(product_id, catalog=CATALOG):
 
 def make_batch(session_factory, num_jobs=3):
     requests = [
-        GenerateRequest(prompt=f"p{i}", custom_id=f"c{i}", enrichment=enriching(f"prod-{i}"))
+        GenerateRequest(prompt=f"p{i}", custom_id=f"c{i}", extensions={"enrichment": enriching(f"prod-{i}")})
         for i in range(num_jobs)
     ]
     with session_factory.begin() as session:
@@ -221,7 +222,7 @@ def test_an_older_batch_never_overwrites_a_newer_enrichment(session_factory):
     for text in ("old", "new"):
         with session_factory.begin() as session:
             _, [job] = support.create_batch(
-                session, [GenerateRequest(prompt="p", enrichment=enriching(product))], model="tiny")
+                session, [GenerateRequest(prompt="p", extensions={"enrichment": enriching(product)})], model="tiny")
         with session_factory.begin() as session:
             claimed.append((support.claim_job(session, job.id), text))
     for job, text in reversed(claimed):  # the newer batch's result lands first
@@ -346,8 +347,8 @@ def test_cancel_skips_queued_jobs(session_factory):
 def test_enrichment_rows_merge_category_and_description(session_factory):
     requests = [
         ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="7/category",
-                        enrichment=enriching("7")),
-        GenerateRequest(prompt="p", custom_id="7/description", enrichment=enriching("7")),
+                        extensions={"enrichment": enriching("7")}),
+        GenerateRequest(prompt="p", custom_id="7/description", extensions={"enrichment": enriching("7")}),
         GenerateRequest(prompt="p", custom_id="plain"),
     ]
     with session_factory.begin() as session:
@@ -369,10 +370,10 @@ ATTRIBUTES_SCHEMA = {"type": "object", "properties": {"brand": {"anyOf": [{"type
 def test_an_attribute_extraction_fills_attributes_and_leaves_the_description(session_factory):
     extract = dict(structured_outputs={"json": ATTRIBUTES_SCHEMA})
     requests = [
-        GenerateRequest(prompt="p", custom_id="17/description", enrichment=enriching("17")),
-        GenerateRequest(prompt="p", custom_id="17/attributes", enrichment={**enriching("17"), "field": "attributes"},
+        GenerateRequest(prompt="p", custom_id="17/description", extensions={"enrichment": enriching("17")}),
+        GenerateRequest(prompt="p", custom_id="17/attributes", extensions={"enrichment": {**enriching("17"), "field": "attributes"}},
                         **extract),
-        GenerateRequest(prompt="p", custom_id="18/attributes", enrichment={**enriching("18"), "field": "attributes"},
+        GenerateRequest(prompt="p", custom_id="18/attributes", extensions={"enrichment": {**enriching("18"), "field": "attributes"}},
                         **extract),
     ]
     with session_factory.begin() as session:
@@ -415,7 +416,7 @@ def test_a_job_whose_metadata_names_a_product_writes_no_enrichment(session_facto
 
 def test_two_catalogs_with_the_same_product_id_keep_both_rows(session_factory):
     requests = [ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id=f"{catalog}/1/category",
-                                enrichment=enriching("1", catalog))
+                                extensions={"enrichment": enriching("1", catalog)})
                 for catalog in ("/data/shop-a.csv", "/data/shop-b.csv")]
     with session_factory.begin() as session:
         batch, jobs = support.create_batch(session, requests, model="tiny")
@@ -470,7 +471,7 @@ def test_parse_json_output(text, finish_reason, parsed):
 
 
 def test_enrichment_row_flags_an_unfinished_looping_description(session_factory):
-    request = GenerateRequest(prompt="p", custom_id="8/description", enrichment=enriching("8"))
+    request = GenerateRequest(prompt="p", custom_id="8/description", extensions={"enrichment": enriching("8")})
     with session_factory.begin() as session:
         batch, jobs = support.create_batch(session, [request], model="tiny")
     run(session_factory, jobs[0].id, ok("Fast 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs 1000mbs"))

@@ -21,7 +21,8 @@ import redis
 from sqlalchemy import make_url, select, text
 
 from weir.jobs import names
-from weir.jobs.db import BatchStatus, DeadLetter, Job, JobStatus, ProductEnrichment
+from weir.jobs.catalog.tables import ProductEnrichment
+from weir.jobs.db import BatchStatus, DeadLetter, Job, JobStatus
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 
 pytestmark = pytest.mark.integration
@@ -296,7 +297,7 @@ def test_redelivery_past_a_short_visibility_timeout_runs_the_job_once(start_work
                           PYTHONPATH=hook + os.pathsep + worker_env["PYTHONPATH"])
     product_id = f"dup-{uuid.uuid4().hex[:8]}"
     batch_id = client.enqueue_batch([GenerateRequest(prompt="A slow one", max_tokens=480, temperature=0,
-                                                     enrichment={"catalog": "faults", "product_id": product_id})])
+                                                     extensions={"enrichment": {"catalog": "faults", "product_id": product_id}})])
     [job] = client.jobs(batch_id)
     client.wait(batch_id, timeout_s=60)
     assert f"job {job.id}: held under another claim's live lease" in worker.log()

@@ -27,7 +27,7 @@ def enqueue(client, num_jobs, max_tokens, prefix="job", product_prefix=None):
     product_prefix = product_prefix or f"p-{uuid.uuid4().hex[:8]}"
     return client.enqueue_batch([
         GenerateRequest(prompt=f"Product number {i}", custom_id=f"{prefix}-{i}", temperature=0,
-                        max_tokens=max_tokens, enrichment={"catalog": "pipeline", "product_id": f"{product_prefix}-{i}"})
+                        max_tokens=max_tokens, extensions={"enrichment": {"catalog": "pipeline", "product_id": f"{product_prefix}-{i}"}})
         for i in range(num_jobs)
     ]), product_prefix
 

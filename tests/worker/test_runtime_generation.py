@@ -151,10 +151,10 @@ def test_a_flagged_description_is_written_once_more_and_the_clean_attempt_kept(r
 
     fields = dict(prompt="Product: Green Tea\nBrand: Leafy", temperature=0.0, max_tokens=8)
     retry = {"repetition_penalty": 1.1, "frequency_penalty": 0.3}
-    request = GenerateRequest(**fields, enrichment={"catalog": "c", "product_id": "1", "retry_sampling": retry})
+    request = GenerateRequest(**fields, extensions={"enrichment": {"catalog": "c", "product_id": "1", "retry_sampling": retry}})
     first = llm.generate([request.engine_prompt()], request.sampling_params())[0]
-    second = llm.generate([request.engine_prompt()], request.retry_params())[0]
-    assert request.retry_params().frequency_penalty == 0.3 and request.retry_params().max_tokens == 8
+    second = llm.generate([request.engine_prompt()], request.params_with(retry))[0]
+    assert request.params_with(retry).frequency_penalty == 0.3 and request.params_with(retry).max_tokens == 8
     assert description_quality(first.outputs[0].text) != OK and first.outputs[0].text != second.outputs[0].text
     result = runtime.run(as_job(request))
     kept = second if description_quality(second.outputs[0].text) == OK else first
@@ -162,5 +162,5 @@ def test_a_flagged_description_is_written_once_more_and_the_clean_attempt_kept(r
     assert result.num_completion_tokens == len(first.outputs[0].token_ids) + len(second.outputs[0].token_ids)
     assert result.num_prompt_tokens == 2 * len(first.prompt_token_ids)
     # without retry_sampling: one attempt
-    plain = runtime.run(as_job(GenerateRequest(**fields, enrichment={"catalog": "c", "product_id": "1"})))
+    plain = runtime.run(as_job(GenerateRequest(**fields, extensions={"enrichment": {"catalog": "c", "product_id": "1"}})))
     assert (plain.output_text, plain.num_completion_tokens) == (first.outputs[0].text, len(first.outputs[0].token_ids))

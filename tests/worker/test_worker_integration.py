@@ -7,7 +7,8 @@ import pytest
 from tests.worker.test_faults import wait_until
 from sqlalchemy import func, select
 
-from weir.jobs.db import BatchStatus, Job, JobStatus, ProductEnrichment
+from weir.jobs.catalog.tables import ProductEnrichment
+from weir.jobs.db import BatchStatus, Job, JobStatus
 from weir.jobs.model_info import PromptChecker, load_tokenizer
 from weir.jobs.schemas import ClassifyRequest, GenerateRequest
 
@@ -22,7 +23,7 @@ def test_failed_job_is_recorded_and_the_worker_goes_on(start_worker, client, wor
                 for i in range(4)]
     requests.append(GenerateRequest(prompt="word " * 600, custom_id="too-long", max_tokens=4))
     requests.append(ClassifyRequest(prompt="Product: Tea", system_prompt="Pick one.", labels=["Tea", "Soap"],
-                                    custom_id="cls", enrichment={"catalog": "integration", "product_id": "p-1"}))
+                                    custom_id="cls", extensions={"enrichment": {"catalog": "integration", "product_id": "p-1"}}))
     batch_id = client.enqueue_batch(requests)
 
     final = client.wait(batch_id, timeout_s=120)
@@ -209,9 +210,9 @@ def test_only_enrichment_jobs_write_product_enrichment_and_an_oversized_job_fail
                         metadata={"product_id": "shared-1"}),
         GenerateRequest(prompt="Tea", custom_id="summary", max_tokens=3, metadata={"product_id": "shared-1"}),
         ClassifyRequest(prompt="Product: Tea", labels=["Tea", "Soap"], custom_id="category",
-                        enrichment={"catalog": "shop-a", "product_id": "shared-1"}),
+                        extensions={"enrichment": {"catalog": "shop-a", "product_id": "shared-1"}}),
         ClassifyRequest(prompt="Product: Soap", labels=["Tea", "Soap"], custom_id="category-b",
-                        enrichment={"catalog": "shop-b", "product_id": "shared-1"}),
+                        extensions={"enrichment": {"catalog": "shop-b", "product_id": "shared-1"}}),
         GenerateRequest(prompt="One two", custom_id="huge", max_tokens=10**9),
     ]
     started = time.monotonic()
