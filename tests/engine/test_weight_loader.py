@@ -1,0 +1,127 @@
+"""Weights streamed from the files: each tensor equals transformers' own, the engine built from them
+generates transformers' greedy tokens, and no second copy of the model is held while loading."""
+
+import io
+import os
+import sys
+import weakref
+
+import pytest
+import torch
+
+from tests.conftest import hf_greedy
+from weir.engine import LLM, SamplingParams
+from weir.engine.weight_loader import checkpoint_files, iter_weights
+from weir.model_source import resolve_model
+
+PROMPTS = [[5, 9, 200, 31, 7], list(range(3, 40))]
+FAMILIES = ["llama-untied", "llama-tied", "qwen2-untied", "qwen2-tied"]
+FORMATS = ["safetensors", "bin"]
+
+
+def random_model(family: str):
+    """A tiny random transformers model; Qwen2 has q/k/v biases (random, so a dropped one shows)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    name, head = family.split("-")
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if name == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = config_cls(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                     bos_token_id=1, eos_token_id=2, tie_word_embeddings=head == "tied")
+    torch.manual_seed(FAMILIES.index(family))
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.15)
+    return model
+
+
+@pytest.fixture(scope="module", params=[(f, fmt) for f in FAMILIES for fmt in FORMATS], ids=lambda p: "-".join(p))
+def saved(request, tmp_path_factory):
+    """``(transformers model, folder)``: the model saved in 40 KB shards, as safetensors or .bin."""
+    family, fmt = request.param
+    model = random_model(family)
+    folder = tmp_path_factory.mktemp(f"{family}-{fmt}")
+    model.save_pretrained(folder, max_shard_size="40KB", safe_serialization=fmt == "safetensors")
+    return model, str(folder)
+
+
+def expected_names(model) -> set[str]:
+    """The state dict's names less a tied head, which the files do not hold."""
+    names = set(model.state_dict())
+    return names - {"lm_head.weight"} if model.config.tie_word_embeddings else names
+
+
+def test_every_streamed_tensor_equals_the_state_dict(saved):
+    model, folder = saved
+    state_dict = model.state_dict()
+    assert len(checkpoint_files(folder)) > 1  # sharded
+
+    streamed = list(iter_weights(resolve_model(folder)))
+
+    names = [name for name, _ in streamed]
+    assert len(names) == len(set(names)) and set(names) == expected_names(model)
+    for name, tensor in streamed:
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, state_dict[name]), name
+
+
+def test_the_engine_generates_transformers_greedy_tokens(saved):
+    model, folder = saved
+    want = [hf_greedy(model, p, 8, eos_token_id=2) for p in PROMPTS]
+
+    llm = LLM(folder, skip_tokenizer_init=True, num_gpu_blocks_override=32)
+
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8))]
+    assert got == want
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_at_most_two_streamed_tensors_are_alive_while_loading(fmt, tmp_path):
+    """The loader drops each tensor once it is copied: when a tensor is yielded, only it and the
+    one before it (still bound to the consumer's loop variable) are alive, never the whole model."""
+    from weir.engine.models.llama import LlamaForCausalLM
+
+    model = random_model("llama-untied")
+    model.save_pretrained(tmp_path, max_shard_size="40KB", safe_serialization=fmt == "safetensors")
+    engine_model = LlamaForCausalLM(model.config, torch.float32, 16)
+    yielded: list[weakref.ref] = []
+    most_alive = 0
+
+    def watched():
+        nonlocal most_alive
+        for name, tensor in iter_weights(resolve_model(str(tmp_path))):
+            yielded.append(weakref.ref(tensor))
+            most_alive = max(most_alive, sum(ref() is not None for ref in yielded))
+            yield name, tensor
+            del tensor  # this frame's reference; the consumer's is its own
+
+    engine_model.load_weights(watched())
+
+    assert len(yielded) == len(model.state_dict())
+    assert most_alive == 2
+
+
+def test_a_folder_without_weights_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no weights: neither model.safetensors nor pytorch_model.bin"):
+        list(iter_weights(resolve_model(str(tmp_path))))
+
+
+@pytest.mark.integration
+def test_the_packaged_gguf_streams_transformers_tensors(monkeypatch):
+    """SmolLM2's Q4_1 GGUF de-quantized tensor by tensor: the names and fp32 values transformers'
+    ``from_pretrained(gguf_file=...)`` loads (q/k un-permuted), written with nothing on a log file."""
+    from transformers import AutoModelForCausalLM
+
+    src = resolve_model(None)
+    log_file = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log_file)
+    streamed = dict(iter_weights(src))
+    assert log_file.getvalue() == ""
+    monkeypatch.undo()
+
+    hf = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, dtype=torch.float32)
+    state_dict = hf.state_dict()
+    assert hf.config.tie_word_embeddings and set(streamed) == set(state_dict) - {"lm_head.weight"}
+    assert len(streamed) == 272 and os.path.basename(src.location) == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    for name, tensor in streamed.items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, state_dict[name]), name
