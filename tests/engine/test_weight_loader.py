@@ -2,6 +2,7 @@
 generates transformers' greedy tokens, and no second copy of the model is held while loading."""
 
 import io
+import json
 import os
 import sys
 import weakref
@@ -36,14 +37,32 @@ def random_model(family: str):
     return model
 
 
+def save(model, folder, fmt: str) -> None:
+    """Save in shards: safetensors by ``save_pretrained`` (40 KB shards), ``.bin`` by hand in three
+    shards with their index, as transformers wrote them before version 5 (it writes no ``.bin`` now)."""
+    if fmt == "safetensors":
+        model.save_pretrained(folder, max_shard_size="40KB")
+        return
+    model.config.save_pretrained(folder)
+    names = sorted(expected_names(model))
+    shards = [names[i::3] for i in range(3)]
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file_name = f"pytorch_model-{i + 1:05d}-of-00003.bin"
+        torch.save({name: model.state_dict()[name].clone() for name in shard}, os.path.join(folder, file_name))
+        weight_map.update(dict.fromkeys(shard, file_name))
+    with open(os.path.join(folder, "pytorch_model.bin.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
 @pytest.fixture(scope="module", params=[(f, fmt) for f in FAMILIES for fmt in FORMATS], ids=lambda p: "-".join(p))
 def saved(request, tmp_path_factory):
-    """``(transformers model, folder)``: the model saved in 40 KB shards, as safetensors or .bin."""
+    """``(transformers model, folder, format)``: the model saved in shards (:func:`save`)."""
     family, fmt = request.param
     model = random_model(family)
     folder = tmp_path_factory.mktemp(f"{family}-{fmt}")
-    model.save_pretrained(folder, max_shard_size="40KB", safe_serialization=fmt == "safetensors")
-    return model, str(folder)
+    save(model, folder, fmt)
+    return model, str(folder), fmt
 
 
 def expected_names(model) -> set[str]:
@@ -53,9 +72,10 @@ def expected_names(model) -> set[str]:
 
 
 def test_every_streamed_tensor_equals_the_state_dict(saved):
-    model, folder = saved
+    model, folder, fmt = saved
     state_dict = model.state_dict()
-    assert len(checkpoint_files(folder)) > 1  # sharded
+    files = checkpoint_files(folder)
+    assert len(files) > 1 and all(f.endswith(f".{fmt}") for f in files)  # sharded, in that format
 
     streamed = list(iter_weights(resolve_model(folder)))
 
@@ -66,7 +86,7 @@ def test_every_streamed_tensor_equals_the_state_dict(saved):
 
 
 def test_the_engine_generates_transformers_greedy_tokens(saved):
-    model, folder = saved
+    model, folder, _ = saved
     want = [hf_greedy(model, p, 8, eos_token_id=2) for p in PROMPTS]
 
     llm = LLM(folder, skip_tokenizer_init=True, num_gpu_blocks_override=32)
@@ -82,7 +102,7 @@ def test_at_most_two_streamed_tensors_are_alive_while_loading(fmt, tmp_path):
     from weir.engine.models.llama import LlamaForCausalLM
 
     model = random_model("llama-untied")
-    model.save_pretrained(tmp_path, max_shard_size="40KB", safe_serialization=fmt == "safetensors")
+    save(model, tmp_path, fmt)
     engine_model = LlamaForCausalLM(model.config, torch.float32, 16)
     yielded: list[weakref.ref] = []
     most_alive = 0
