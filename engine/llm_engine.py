@@ -36,7 +36,7 @@ from weir.engine.sampling_params import SamplingParams
 from weir.engine.scheduler import Scheduler, SchedulerOutput, SchedulerUpdate
 from weir.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats, StatLoggerBase
 from weir.engine.structured_outputs import StructuredOutputManager
-from weir.engine.weight_loader import iter_weights
+from weir.engine.weight_loader import iter_weights, no_init_weights
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ class LLMEngine:
 
         torch.manual_seed(args.seed)
         # built on its device, so each weight is cast and moved there once, as it is loaded
-        with torch.device(self.device):
+        # (its random initialisation skipped: load_weights or init_dummy sets every parameter)
+        with torch.device(self.device), no_init_weights():
             self.model = LlamaForCausalLM(self.config, self.dtype, self.max_model_len)
         if args.load_format == "dummy":
             self.model.init_dummy(args.seed)

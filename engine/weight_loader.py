@@ -15,6 +15,7 @@ offset), applied to each tensor as ``from_pretrained(gguf_file=...)`` applies it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Iterator, Optional
@@ -57,6 +58,28 @@ def iter_weights(src: ModelSource, config=None) -> Iterator[tuple[str, torch.Ten
     else:
         for path in checkpoint_files(src.path):
             yield from (_iter_safetensors(path) if path.endswith(".safetensors") else _iter_pt(path))
+
+
+@contextlib.contextmanager
+def no_init_weights() -> Iterator[None]:
+    """While building a model whose every weight is then loaded, skip torch's random initialisation
+    of its parameters (``torch.nn.init``'s in-place functions, which ``nn.Linear`` and
+    ``nn.Embedding`` call, do nothing): a 1B-parameter model is built in milliseconds instead of
+    seconds, its parameters left uninitialised until ``load_weights`` (which raises on a missing
+    weight) or ``init_dummy`` fills them. Buffers computed in the constructor (RoPE tables) and
+    parameters created with values (``torch.ones``) are unaffected. Not thread-safe: it swaps module
+    attributes of ``torch.nn.init`` for the duration."""
+    from torch.nn import init
+
+    names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]
+    originals = {n: getattr(init, n) for n in names}
+    for n in names:
+        setattr(init, n, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for n, fn in originals.items():
+            setattr(init, n, fn)
 
 
 def checkpoint_files(folder: str) -> list[str]:

@@ -145,3 +145,15 @@ def test_the_packaged_gguf_streams_transformers_tensors(monkeypatch):
     assert len(streamed) == 272 and os.path.basename(src.location) == "SmolLM2-135M-Instruct.Q4_1.gguf"
     for name, tensor in streamed.items():
         assert tensor.dtype == torch.float32 and torch.equal(tensor, state_dict[name]), name
+
+
+def test_no_init_weights_skips_torch_init_and_restores_it():
+    from weir.engine.weight_loader import no_init_weights
+
+    untouched = torch.zeros(4)
+    with no_init_weights():
+        torch.nn.init.normal_(untouched)
+        torch.nn.init.kaiming_uniform_(untouched.view(2, 2))
+    assert torch.equal(untouched, torch.zeros(4))
+    torch.nn.init.normal_(untouched)
+    assert not torch.equal(untouched, torch.zeros(4))  # torch's own again
