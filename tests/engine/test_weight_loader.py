@@ -157,3 +157,58 @@ def test_no_init_weights_skips_torch_init_and_restores_it():
     assert torch.equal(untouched, torch.zeros(4))
     torch.nn.init.normal_(untouched)
     assert not torch.equal(untouched, torch.zeros(4))  # torch's own again
+
+
+def write_tiny_qwen2_gguf(folder) -> tuple[object, str]:
+    """A tiny random Qwen2 (q/k/v biases, untied head) written as an F32 GGUF under llama.cpp's
+    tensor names; returns ``(transformers model, path)``."""
+    import gguf
+    import numpy as np
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    gguf_names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                  "lm_head.weight": "output.weight"}
+    pieces = [("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
+              ("self_attn.o_proj", "attn_output"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
+              ("mlp.down_proj", "ffn_down"), ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm")]
+    for i in range(cfg.num_hidden_layers):
+        for hf_piece, gguf_piece in pieces:
+            for kind in ("weight", "bias"):
+                gguf_names[f"model.layers.{i}.{hf_piece}.{kind}"] = f"blk.{i}.{gguf_piece}.{kind}"
+    path = os.path.join(folder, "tiny-qwen2.F32.gguf")
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_context_length(128)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(64)
+    writer.add_block_count(2)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(64)])
+    for name, tensor in model.state_dict().items():
+        writer.add_tensor(gguf_names[name], tensor.detach().numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model, path
+
+
+def test_a_qwen2_gguf_streams_its_biases_and_untied_head(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model, path = write_tiny_qwen2_gguf(tmp_path)
+    src = resolve_model(path)
+
+    streamed = dict(iter_weights(src))
+
+    hf = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, dtype=torch.float32).state_dict()
+    assert set(streamed) == set(hf) == set(model.state_dict()) and "lm_head.weight" in streamed
+    for name, tensor in streamed.items():
+        assert torch.equal(tensor, hf[name]) and torch.equal(tensor, model.state_dict()[name]), name
