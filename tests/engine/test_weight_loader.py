@@ -212,3 +212,57 @@ def test_a_qwen2_gguf_streams_its_biases_and_untied_head(tmp_path):
     assert set(streamed) == set(hf) == set(model.state_dict()) and "lm_head.weight" in streamed
     for name, tensor in streamed.items():
         assert torch.equal(tensor, hf[name]) and torch.equal(tensor, model.state_dict()[name]), name
+
+
+@pytest.mark.parametrize("architecture", ["qwen3", "gemma3"])
+def test_qwen3_and_gemma3_ggufs_stream_transformers_tensors(architecture, tmp_path):
+    """A tiny random model written as an F32 GGUF as llama.cpp writes it (Gemma's norm weights
+    stored plus one; names from transformers' map): the streamed tensors are transformers' own
+    from ``from_pretrained(gguf_file=...)`` and the model's (the norm offset undone exactly: the
+    norm weights are multiples of 1/64)."""
+    import gguf
+    import numpy as np
+    from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, Qwen3Config, Qwen3ForCausalLM
+
+    from weir.engine.weight_loader import gguf_to_hf_names
+
+    config_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if architecture == "qwen3" else (
+        Gemma3TextConfig, Gemma3ForCausalLM)
+    cfg = config_cls(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=128)  # head_dim: the config's default
+    torch.manual_seed(0)
+    model = model_cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randint(-64, 64, p.shape) / 64 if "norm" in name else torch.randn(p.shape))
+    to_gguf = {hf_name: gguf_name for gguf_name, hf_name in gguf_to_hf_names(cfg).items()}
+    path = os.path.join(tmp_path, f"tiny-{architecture}.F32.gguf")
+    writer = gguf.GGUFWriter(path, architecture)
+    writer.add_context_length(128)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(64)
+    writer.add_block_count(2)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(64)])
+    state_dict = model.state_dict()
+    for name, tensor in state_dict.items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        stored = tensor + 1 if architecture == "gemma3" and "norm.weight" in name else tensor
+        writer.add_tensor(to_gguf[name], stored.numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    src = resolve_model(path)
+
+    streamed = dict(iter_weights(src))
+
+    hf = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file, dtype=torch.float32).state_dict()
+    assert set(streamed) == expected_names(model) and set(hf) == set(state_dict)
+    for name, tensor in streamed.items():
+        assert torch.equal(tensor, hf[name]) and torch.equal(tensor, state_dict[name]), name
