@@ -24,7 +24,7 @@ from weir.engine.cuda_graphs import CUDAGraphMode
 from weir.engine.engine_args import EngineArgs
 from weir.engine.input_processor import InputProcessor
 from weir.engine.kv_cache_manager import KVCacheManager, freeable_window
-from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_state_dict, load_tokenizer, resolve_model
+from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_tokenizer, resolve_model
 from weir.engine.model_runner import ModelRunner
 from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.output_processor import DURATIONS, OutputProcessor
@@ -36,6 +36,7 @@ from weir.engine.sampling_params import SamplingParams
 from weir.engine.scheduler import Scheduler, SchedulerOutput, SchedulerUpdate
 from weir.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats, StatLoggerBase
 from weir.engine.structured_outputs import StructuredOutputManager
+from weir.engine.weight_loader import iter_weights, no_init_weights
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +107,13 @@ class LLMEngine:
 
         torch.manual_seed(args.seed)
         # built on its device, so each weight is cast and moved there once, as it is loaded
-        with torch.device(self.device):
+        # (its random initialisation skipped: load_weights or init_dummy sets every parameter)
+        with torch.device(self.device), no_init_weights():
             self.model = LlamaForCausalLM(self.config, self.dtype, self.max_model_len)
         if args.load_format == "dummy":
             self.model.init_dummy(args.seed)
         else:
-            self.model.load_weights(load_state_dict(src).items())
+            self.model.load_weights(iter_weights(src, self.config))
         self.model.eval()
 
         self.cudagraph_capture_sizes = resolve_capture_sizes(

