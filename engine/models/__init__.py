@@ -5,9 +5,11 @@
 """
 
 from weir.engine.models.llama import LlamaForCausalLM
+from weir.engine.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
 }
