@@ -26,7 +26,7 @@ from weir.engine.input_processor import InputProcessor
 from weir.engine.kv_cache_manager import KVCacheManager, freeable_window
 from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_tokenizer, resolve_model
 from weir.engine.model_runner import ModelRunner
-from weir.engine.models.llama import LlamaForCausalLM
+from weir.engine.models import MODEL_CLASSES
 from weir.engine.output_processor import DURATIONS, OutputProcessor
 from weir.engine.outputs import ClassificationOutput, RequestOutput
 from weir.engine.parallel_sampling import ParentRequest
@@ -109,7 +109,7 @@ class LLMEngine:
         # built on its device, so each weight is cast and moved there once, as it is loaded
         # (its random initialisation skipped: load_weights or init_dummy sets every parameter)
         with torch.device(self.device), no_init_weights():
-            self.model = LlamaForCausalLM(self.config, self.dtype, self.max_model_len)
+            self.model = MODEL_CLASSES[self.config.model_type](self.config, self.dtype, self.max_model_len)
         if args.load_format == "dummy":
             self.model.init_dummy(args.seed)
         else:

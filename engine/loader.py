@@ -16,7 +16,10 @@ from weir.model_source import ModelSource, load_tokenizer, resolve_model  # noqa
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# rope types whose cos/sin depend on the current sequence length (dynamic NTK rescales past the
+# original max, longrope switches short/long factors there): a table precomputed once for
+# max_model_len positions cannot reproduce them, so they are refused rather than run wrong.
+UNSUPPORTED_ROPE_TYPES = ("dynamic", "longrope")
 
 
 def load_config(src: ModelSource):
@@ -28,10 +31,28 @@ def load_config(src: ModelSource):
 
 
 def check_config(config) -> None:
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
+    """Refuse, with one line naming the config key, what weir cannot run exactly.
+
+    Raises ``ValueError`` for a ``model_type`` not in ``weir.engine.models.MODEL_CLASSES``, an
+    ``attn_logit_softcapping`` that is set, or a ``rope_parameters``/``rope_scaling`` ``rope_type``
+    in ``UNSUPPORTED_ROPE_TYPES``.
+    """
+    from weir.engine.models import MODEL_CLASSES
+
+    if config.model_type not in MODEL_CLASSES:
         raise ValueError(
-            f"model_type {config.model_type!r} is not supported; weir runs {SUPPORTED_MODEL_TYPES}"
+            f"model_type {config.model_type!r} is not supported; weir runs {tuple(MODEL_CLASSES)}"
         )
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise ValueError(f"attn_logit_softcapping={softcap!r} is not supported: weir's attention "
+                         "does not soft-cap its logits")
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = getattr(config, key, None)
+        rope_type = (rope or {}).get("rope_type", (rope or {}).get("type"))
+        if rope_type in UNSUPPORTED_ROPE_TYPES:
+            raise ValueError(f"{key} rope_type={rope_type!r} is not supported: its cos/sin depend on "
+                             "the sequence length, and weir precomputes them once")
 
 
 def load_generation_eos_ids(src: ModelSource, config) -> set[int]:

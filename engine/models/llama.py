@@ -321,7 +321,7 @@ class LlamaForCausalLM(nn.Module):
                 prefix, leaf, kind = ".".join(parts[:2]), parts[2], parts[3]
                 pieces = [piece for fused, piece, _ in self.stacked_params if fused == leaf]
                 for piece in pieces or [leaf]:
-                    group = "self_attn" if piece in ("q_proj", "k_proj", "v_proj", "o_proj") else (
+                    group = "self_attn" if piece in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm") else (
                         "mlp" if piece in ("gate_proj", "up_proj", "down_proj") else None)
                     mid = f"{group}.{piece}" if group else piece
                     yield f"model.{prefix}.{mid}.{kind}"
@@ -335,7 +335,7 @@ class LlamaForCausalLM(nn.Module):
         """Random weights (normal, std 0.02; norms 1) for benchmarks without a checkpoint."""
         g = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
-            if name.endswith("layernorm.weight") or name == "norm.weight":
+            if name.endswith("norm.weight"):  # every RMSNorm: layer, final, q_norm/k_norm
                 p.fill_(1.0)
             elif name.endswith("bias"):
                 p.zero_()

@@ -1,0 +1,56 @@
+"""Qwen3 decoder on the paged KV cache.
+
+The Llama block of :mod:`weir.engine.models.llama` with one change (Qwen team 2025, "Qwen3
+Technical Report"): each head's query and key are RMS-normalised (``q_norm``/``k_norm``, weights
+``[head_dim]``) before the rotary embedding. ``head_dim`` is read from the config, q/k/v carry a
+bias only with ``attention_bias``, and sliding windows come from ``layer_types`` as for Qwen2.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from weir.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM, RMSNorm
+
+
+class Qwen3DecoderLayer(LlamaDecoderLayer):
+    def __init__(self, config, dtype: torch.dtype):
+        super().__init__(config, dtype)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
+
+    def pre_attention(self, x, residual, positions, cos, sin):
+        """As :meth:`LlamaDecoderLayer.pre_attention`, with q_norm/k_norm applied per head before
+        the rotary embedding. Returns ``(q, k, v, residual)``: q ``[num_tokens, num_heads,
+        head_dim]``, k and v ``[num_tokens, num_kv_heads, head_dim]``."""
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        qkv = self.qkv_proj(h)
+        t, d = x.shape[0], self.head_dim
+        nq, nkv = self.num_heads, self.num_kv_heads
+        # each head's row normalised on its own: q: [num_tokens * num_heads, head_dim]
+        q = self.q_norm(qkv[:, :nq * d].reshape(t * nq, d))
+        k = self.k_norm(qkv[:, nq * d:(nq + nkv) * d].reshape(t * nkv, d))
+        # qk: [num_tokens, num_heads + num_kv_heads, head_dim]
+        qk = torch.cat((q.view(t, nq, d), k.view(t, nkv, d)), dim=1)
+        qk = self.rotary(qk, positions, cos, sin)
+        q, k = qk[:, :nq], qk[:, nq:]
+        v = qkv[:, (nq + nkv) * d:].view(t, nkv, d)
+        return q, k, v, residual
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """:class:`LlamaForCausalLM` with :class:`Qwen3DecoderLayer` blocks; same interface, weights
+    named as in transformers' ``Qwen3ForCausalLM``."""
+
+    def __init__(self, config, dtype: torch.dtype, max_positions: int):
+        super().__init__(config, dtype, max_positions)
+        self.layers = nn.ModuleList(
+            [Qwen3DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers)]
+        )
+        for layer, window in zip(self.layers, self.sliding_windows):
+            layer.sliding_window = window
