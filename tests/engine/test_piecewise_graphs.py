@@ -192,7 +192,8 @@ def test_capture_sizes_and_mode_knobs():
     assert piecewise_capture_sizes(512) == [1, 2, 4, 8, *range(16, 257, 16), 320, 384, 448, 512]
     assert piecewise_capture_sizes(13) == [1, 2, 4, 8, 13]
     assert piecewise_capture_sizes(1) == [1]
-    assert resolve_capture_sizes(None, None, 2048) == piecewise_capture_sizes(512)
+    assert resolve_capture_sizes(None, None, 8192) == piecewise_capture_sizes(2048)
+    assert resolve_capture_sizes(None, None, 2048) == piecewise_capture_sizes(2048)
     assert resolve_capture_sizes(None, None, 100) == piecewise_capture_sizes(100)
     assert resolve_capture_sizes([64, 8, 2, 8], 32, 2048) == [2, 8]
     with pytest.raises(ValueError, match="no cudagraph_capture_sizes"):
