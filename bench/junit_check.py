@@ -2,11 +2,12 @@
 
 Usage::
 
-    python -m bench.junit_check RESULTS.xml [--min-passed N] [--allow-skip TEXT ...]
+    python -m bench.junit_check RESULTS.xml [--min-passed N] [--allow-skip TEXT ...] [--gpu-skip-policy]
 
 Prints the passed/failed/skipped count of each test file and every skip's reason, then exits 1 when
 a test failed or errored, when fewer than ``--min-passed`` passed, or when a test was skipped for a
-reason that contains none of the ``--allow-skip`` texts (a kernel test that skips on the GPU
+reason that contains none of the ``--allow-skip`` texts nor, with ``--gpu-skip-policy``, any reason of
+``tests.skip_policy.ALLOWED_GPU_SKIPS`` (a kernel test that skips on the GPU
 machine, for want of Triton or CUDA, would otherwise leave a green run that tested nothing).
 """
 
@@ -50,7 +51,13 @@ def main(argv=None) -> int:
     ap.add_argument("xml")
     ap.add_argument("--min-passed", type=int, default=1)
     ap.add_argument("--allow-skip", action="append", default=[], help="text of a skip reason that is expected")
+    ap.add_argument("--gpu-skip-policy", action="store_true",
+                    help="also allow the reasons of tests.skip_policy.ALLOWED_GPU_SKIPS")
     args = ap.parse_args(argv)
+    if args.gpu_skip_policy:
+        from tests.skip_policy import ALLOWED_GPU_SKIPS
+
+        args.allow_skip += list(ALLOWED_GPU_SKIPS)
     rows = outcomes(args.xml)
     per_file = collections.defaultdict(collections.Counter)
     for test_id, outcome, _ in rows:

@@ -57,6 +57,60 @@ def useful_tokens(ids: list[int], eos: Iterable[int]) -> int:
     return len(ids)
 
 
+def release_engine(llm) -> None:
+    """Drop weir's KV cache pool and CUDA graphs (and, on CUDA, return their memory to the device)
+    before a peer runs in the same process, so the peer gets the card weir had.
+
+    ``llm`` stays usable for its tokenizer and config, not for generation.
+
+    Raises:
+        RuntimeError: something still holds the KV cache tensor after the release.
+    """
+    import gc
+    import weakref
+
+    runner = llm.llm_engine.runner
+    if runner.kv_cache is None:
+        return
+    pool = weakref.ref(runner.kv_cache)
+    runner.kv_cache = runner.kv_caches = runner.graphs = runner.piecewise_graphs = None
+    device = runner.device
+    del runner
+    gc.collect()
+    if pool() is not None:
+        raise RuntimeError("weir's KV cache pool is still referenced after release_engine")
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def check_generated(system: str, requested: list[int], generated: list[int], exact: bool = True) -> list[str]:
+    """Why a system's counted tokens were not all generated, one line per request (at most 5 and a
+    count); empty when each request generated its ``requested`` tokens (``exact``) or at least
+    that many (not ``exact``: a static batch runs to its longest member)."""
+    if len(requested) != len(generated):
+        return [f"{system}: {len(generated)} outputs for {len(requested)} requests"]
+    bad = [(i, r, g) for i, (r, g) in enumerate(zip(requested, generated)) if (g != r if exact else g < r)]
+    lines = [f"{system}: request {i} generated {g} tokens of {r} requested" for i, r, g in bad[:5]]
+    if len(bad) > 5:
+        lines.append(f"{system}: {len(bad) - 5} more requests short")
+    return lines
+
+
+def check_stopped(system: str, outputs: Iterable[list[int]], eos: Iterable[int], max_tokens: int) -> list[str]:
+    """Why outputs that stop at EOS were not generated in full, one line per request (at most 5 and
+    a count); empty when every output is non-empty and ends at its first EOS or at ``max_tokens``
+    tokens without one."""
+    eos = set(eos)
+    bad = []
+    for i, ids in enumerate(outputs):
+        ids = list(ids)
+        n = useful_tokens(ids, eos)
+        if not ids or n != len(ids) or (ids[-1] not in eos and len(ids) != max_tokens):
+            bad.append(f"{system}: request {i} returned {len(ids)} tokens, {n} up to its first EOS, "
+                       f"ending {'at' if ids and ids[-1] in eos else 'without'} EOS (max_tokens {max_tokens})")
+    return bad[:5] + ([f"{system}: {len(bad) - 5} more requests"] if len(bad) > 5 else [])
+
+
 def synchronize(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()

@@ -8,7 +8,9 @@ Metric: useful generated tokens (up to and including EOS) per second of wall tim
 included, model already loaded and warmed up. Prints one line per system and weir's ratio to each.
 Also prints each system's achieved GFLOP/s of model math (useful work: prefix-cache hits excluded
 for weir, padding and tokens past EOS excluded for HF) against this machine's measured matmul peak
-(:mod:`bench.roofline`). The peers are :mod:`bench.peers`. W-cls is ``weir bench cls`` (:mod:`bench.cls`).
+(:mod:`bench.roofline`). The peers are :mod:`bench.peers`; weir's KV pool is released before they
+run. Each system must return a non-empty output, ending at EOS or at ``max_tokens``, for every
+request (the tokens counted are the tokens generated): otherwise the run says which and exits 1. W-cls is ``weir bench cls`` (:mod:`bench.cls`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import time
 
 import torch
 
-from bench.peers import hf_continuous_batching, hf_static_generate, load_hf_model, pad_token_id, useful_tokens
+from bench.peers import (check_stopped, hf_continuous_batching, hf_static_generate, load_hf_model, pad_token_id, release_engine,
+                         useful_tokens)
 from bench.report import Report, matmul_peak_line
 from bench.roofline import ModelShape, format_rate, generation_flops, matmul_peak
 from bench.workloads import W_GEN_MAX_TOKENS, w_gen_messages
@@ -66,6 +69,11 @@ def main(argv=None) -> int:
     print(matmul_peak_line(peak), flush=True)
     out = Report(args.json, workload="W-gen", n=args.n)
 
+    failures: list[str] = []
+
+    def check(system, outputs):
+        failures.extend(check_stopped(system, outputs, eos, W_GEN_MAX_TOKENS))
+
     def report(system, toks, secs, flops=None, **extra):
         row = {"system": system, "useful_tokens": toks, "seconds": round(secs, 3),
                "tok_per_s": round(toks / secs, 2), **extra}
@@ -82,16 +90,19 @@ def main(argv=None) -> int:
         # weir's model math: prompt tokens served from the prefix cache are not computed
         fc = generation_flops(shape, [(len(o.prompt_token_ids), o.num_cached_tokens, len(o.outputs[0].token_ids))
                                       for o in outs])
+        check("weir", weir_outs)
         report("weir", toks, secs, fc.flops, stats=llm.stats())
+    pad_id = pad_token_id(llm.tokenizer)
+    release_engine(llm)  # the peers get the card weir had
     if "hf-static" in systems or "hf-cb" in systems:
         hf = load_hf_model(args.model, getattr(torch, args.dtype), args.device)
-        pad_id = pad_token_id(llm.tokenizer)
         requests = [(p, W_GEN_MAX_TOKENS) for p in prompts]
         if "hf-static" in systems:
             hf_static_generate(hf, requests[:2], 2, eos, pad_id)  # warm-up
             for bs in [int(b) for b in args.batch_sizes.split(",")]:
                 secs, rows = hf_static_generate(hf, requests, bs, eos, pad_id)
                 outs = [row[:useful_tokens(row, eos)] for row in rows]
+                check(f"hf-static-bs{bs}", outs)
                 same = sum(a == b for a, b in zip(outs, weir_outs)) if weir_outs else None
                 # useful work only: padded positions and tokens past EOS are wasted
                 fc = generation_flops(shape, [(len(p), 0, len(o)) for p, o in zip(prompts, outs)])
@@ -100,6 +111,7 @@ def main(argv=None) -> int:
             try:
                 secs, rows = hf_continuous_batching(hf, requests, eos, pad_id)
                 lens = [useful_tokens(row, eos) for row in rows]
+                check("hf-continuous-batching", [row[:n] for row, n in zip(rows, lens)])
                 fc = generation_flops(shape, [(len(p), 0, n) for p, n in zip(prompts, lens)])
                 report("hf-continuous-batching", sum(lens), secs, fc.flops)
             except Exception as e:  # the peer's own failure is reported, not hidden
@@ -114,7 +126,9 @@ def main(argv=None) -> int:
         for r in results:
             if r["system"] == "hf-continuous-batching":
                 print(f"weir / HF continuous batching: {weir['tok_per_s'] / r['tok_per_s']:.2f}x")
-    return 0
+    for line in failures:
+        print("NOT GENERATED:", line, flush=True)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ class EngineArgs:
         cudagraph_capture_sizes: the piecewise buckets (token counts, integers >= 1; held sorted
             and distinct, as vLLM holds them); default
             ``weir.engine.piecewise_graphs.piecewise_capture_sizes``.
-        max_cudagraph_capture_size: the largest piecewise bucket (default 512, at most
+        max_cudagraph_capture_size: the largest piecewise bucket (default 2048, at most
             ``max_num_batched_tokens``); steps with more tokens run eagerly.
         measure_step_gpu_time: also time each step's forward with CUDA events, per graph mode
             (``LLMEngine.stats()`` ``forward_gpu_time_s_*``).

@@ -30,6 +30,13 @@ import torch
 from weir.engine.step_inputs import StepInputs
 
 
+DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048
+"""The largest piecewise bucket unless ``max_cudagraph_capture_size`` says otherwise (tokens). On
+W-mixed at 256 sequences a cap of 512 leaves 121 of 442 steps (176K of 218K tokens) of the 135M
+shape eager, 2048 leaves 9 (``bench.step_mix``), for about 25 more buckets to capture: BENCHMARKS.md,
+"Piecewise cap"."""
+
+
 def piecewise_capture_sizes(max_capture_size: int) -> list[int]:
     """Default buckets: 1, 2, 4, 8, then every multiple of 16 below 256, then every multiple of 64,
     up to ``max_capture_size`` (always included), ascending. Padding stays under 16 tokens below
@@ -44,13 +51,13 @@ def resolve_capture_sizes(cudagraph_capture_sizes: list[int] | None, max_cudagra
                           max_num_batched_tokens: int) -> list[int]:
     """The piecewise buckets of an engine, as vLLM reads its two knobs: the given sizes (sorted,
     repeats dropped) up to ``max_cudagraph_capture_size``, or :func:`piecewise_capture_sizes` of
-    ``max_cudagraph_capture_size`` (default 512); never above ``max_num_batched_tokens``, the most
+    ``max_cudagraph_capture_size`` (default :data:`DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE`); never above ``max_num_batched_tokens``, the most
     tokens a step can hold.
 
     Raises:
         ValueError: a size below 1, or no size left.
     """
-    limit = min(max_cudagraph_capture_size or 512, max_num_batched_tokens)
+    limit = min(max_cudagraph_capture_size or DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE, max_num_batched_tokens)
     if cudagraph_capture_sizes is None:
         return piecewise_capture_sizes(limit)
     if any(b < 1 for b in cudagraph_capture_sizes):

@@ -10,6 +10,7 @@ registers it; ``tests/test_skip_policy.py`` runs it on small suites of its own.
 
 from __future__ import annotations
 
+import ast
 import os
 from typing import Mapping
 
@@ -22,6 +23,83 @@ ALLOWED_CI_SKIPS: dict[str, str] = {
     "captures CUDA graphs": "needs CUDA",
     "needs CUDA: the cache is sized from torch.cuda.mem_get_info": "needs CUDA",
 }
+
+
+# reason (exact) -> why the GPU machine (bench/gpu.sh) may skip it. bench.junit_check --gpu-skip-policy
+# fails a GPU test step on any other skip; tests/bench/test_skip_reasons.py finds, on CPU, every
+# reason a test of those steps skips for when CUDA is there and requires it to be listed here.
+ALLOWED_GPU_SKIPS: dict[str, str] = {
+    "CPU-interpreter run of the kernel path": "the kernel path under TRITON_INTERPRET, CPU only",
+    "counts the CPU-interpreter run": "counts kernel launches of the interpreter, CPU only",
+    "CPU tensors under the Triton interpreter": "the Triton backend on CPU tensors, CPU only",
+    "the CPU attention kernel could not be built": "a C compiler the image may lack; a CPU kernel",
+}
+
+
+def cuda_skip_reasons(source: str) -> list[tuple[int, str]]:
+    """``(line, reason)`` of every skip in a test file's source that fires when CUDA is available.
+
+    Read without importing the file: each ``pytest.mark.skipif(condition, reason=...)`` whose
+    condition mentions ``cuda.is_available()`` is evaluated with CUDA present (a condition naming
+    anything else counts as firing), and each ``pytest.skip(...)`` / ``pytest.importorskip(...)``
+    lying under an ``if`` whose test is true with CUDA present counts too. A reason that is not a
+    string literal is given as the text of its expression, so it can match no allowed reason.
+    """
+    found: list[tuple[int, str]] = []
+
+    def reason_of(node: ast.Call, position: int) -> str | None:
+        for kw in node.keywords:
+            if kw.arg == "reason":
+                return _literal(kw.value)
+        return _literal(node.args[position]) if len(node.args) > position else None
+
+    def visit(node: ast.AST, under_cuda: bool) -> None:
+        if isinstance(node, ast.If):
+            fires = _fires_with_cuda(node.test)
+            for child in node.body:
+                visit(child, under_cuda or fires is True)
+            for child in node.orelse:
+                visit(child, under_cuda or fires is False)
+            return
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name == "pytest.mark.skipif" and node.args and _fires_with_cuda(node.args[0]) is not False:
+                if "cuda.is_available" in ast.unparse(node.args[0]):
+                    found.append((node.lineno, reason_of(node, 1) or ""))
+            elif name in ("pytest.skip", "pytest.importorskip") and under_cuda:
+                found.append((node.lineno, reason_of(node, 0 if name == "pytest.skip" else 2) or ""))
+        for child in ast.iter_child_nodes(node):
+            visit(child, under_cuda)
+
+    visit(ast.parse(source), False)
+    return sorted(found)
+
+
+def _literal(node: ast.AST) -> str:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ast.unparse(node)
+
+
+def _fires_with_cuda(test: ast.AST) -> bool | None:
+    """The value of a condition with ``torch.cuda.is_available()`` true; None when it names anything
+    else or does not mention CUDA at all."""
+    text = ast.unparse(test)
+    if "cuda.is_available()" not in text:
+        return None
+    try:
+        value = eval(compile(ast.Expression(test), "<skip condition>", "eval"), {"__builtins__": {}},
+                     {"torch": _CudaPresent()})
+    except Exception:  # noqa: BLE001 - a condition on anything else may fire: count it
+        return True
+    return bool(value)
+
+
+class _CudaPresent:
+    """``torch`` as far as a skip condition reads it, on a machine with CUDA."""
+
+    class cuda:  # noqa: N801 - stands for torch.cuda
+        @staticmethod
+        def is_available() -> bool:
+            return True
 
 
 def skip_reason(report: pytest.TestReport) -> str:

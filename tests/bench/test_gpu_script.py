@@ -17,20 +17,26 @@ import pytest
 from bench import junit_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS = ["kernel_tests", "engine_cuda_tests", "greedy_check", "mixed", "mixed_eager", "wgen"]
+FIRST = ["kernel_tests", "engine_cuda_tests", "dummy_check", "mixed", "mixed_eager"]
+SECOND = ["greedy_check", "wgen"]
+STEPS = FIRST + SECOND
 COMMAND_LIMIT_S = 600  # one command on the GPU machine
+START_S = 120  # a fresh machine's start and the transfers, counted in the device time
 
 
-def dry_run(*args: str) -> tuple[list[str], dict[str, tuple[int, list[str]]]]:
-    """The SETUP lines and, per step, its time limit and command words."""
+def dry_run(*args: str, expected: dict | None = None) -> tuple[list[str], dict[str, tuple[int, list[str]]]]:
+    """The SETUP lines and, per step, its time limit and command words; ``expected``, when given,
+    is filled with each step's expected seconds."""
     out = subprocess.run(["bash", "bench/gpu.sh", "--dry-run", *args], cwd=ROOT, capture_output=True,
                          text=True, check=True, env={**os.environ, "PYTHON": sys.executable}).stdout
     setup = [line[len("SETUP "):] for line in out.splitlines() if line.startswith("SETUP ")]
     steps = {}
     for line in out.splitlines():
-        m = re.match(r"STEP (\S+) (\d+)s model=[01]: (.*)$", line)
+        m = re.match(r"STEP (\S+) (\d+)s expect=(\d+)s model=[01]: (.*)$", line)
         if m:
-            steps[m[1]] = (int(m[2]), shlex.split(m[3]))
+            steps[m[1]] = (int(m[2]), shlex.split(m[4]))
+            if expected is not None:
+                expected[m[1]] = int(m[3])
     return setup, steps
 
 
@@ -67,14 +73,35 @@ def test_every_step_runs_a_command_its_module_accepts(monkeypatch, small):
             assert options.device == ("cpu" if small else "cuda"), name
 
 
-def test_the_gpu_steps_fit_the_command_limit():
-    _, steps = dry_run()
+SETUP_S = 30  # wheels into the site folder, weir installed editable (and, second call, the model wheel)
+
+
+def test_the_two_calls_fit_with_margin():
+    """First call: expected at most 7 minutes with the machine's start; second call (sent at once,
+    on the warm machine: no start) at most 3 minutes with its transfers; each call's limits inside
+    one command; every limit leaves its step room (at least 1.5 times what it is expected to take)."""
+    expected = {}
+    _, steps = dry_run(expected=expected)
     limit = {name: s for name, (s, _) in steps.items()}
-    checks = limit["kernel_tests"] + limit["engine_cuda_tests"] + limit["greedy_check"]
-    bench = limit["mixed"] + limit["mixed_eager"] + limit["wgen"]
-    assert checks <= 6 * 60 and bench <= COMMAND_LIMIT_S - 30  # the rest: set-up and junit verdicts
+    for group, expected_s in ((FIRST, 7 * 60 - START_S), (SECOND, 3 * 60 - 30)):
+        names = [n for n in steps if n in group or n.removesuffix("_junit") in group]
+        assert SETUP_S + sum(expected[n] for n in names) <= expected_s, group
+        assert SETUP_S + sum(limit[n] for n in names) <= COMMAND_LIMIT_S - 30, group
+    assert all(limit[n] >= 1.5 * expected[n] for n in steps), {n: (limit[n], expected[n]) for n in steps}
     _, small = dry_run("--small")
     assert all(s <= COMMAND_LIMIT_S for s, _ in small.values())
+
+
+def test_the_groups_name_the_calls():
+    for group, names in (("first", FIRST), ("second", SECOND)):
+        _, steps = dry_run(group)
+        assert [s for s in steps if not s.endswith("_junit")] == names
+
+
+def test_every_step_runs_unbuffered_and_keeps_its_output():
+    text = open(os.path.join(ROOT, "bench", "gpu.sh")).read()
+    assert "export PYTHONUNBUFFERED=1" in text
+    assert re.search(r'timeout -k \d+ "\$limit" "\$@" >"\$RAW/\$name.log" 2>&1', text)
 
 
 @pytest.mark.parametrize("small", [False, True], ids=["gpu", "small"])

@@ -78,3 +78,14 @@ def test_a_divergence_at_the_stated_position_passes(tiny_model_dir, tmp_path, en
     assert (rc, rows[-1]["first_divergences"], rows[-1]["passed"]) == (0, [2, 2], True)
     rc, rows = run_check(tiny_model_dir, tmp_path / "..", "--min-divergence", "3", "--max-tie-gap", "0.5")
     assert (rc, rows[-1]["diverged_early"]) == (1, [0, 1])
+
+
+def test_a_small_budget_runs_chunked_prefill_and_is_checked_too(tiny_model_dir, tmp_path):
+    """--budgets 8192,24: weir runs twice, the second time with prompts split into 24-token chunks;
+    both runs match transformers (a row per prompt and budget); a budget that holds every prompt is refused."""
+    rc, rows = run_check(tiny_model_dir, tmp_path, "--budgets", "8192,24")
+    assert (rc, rows[-1]["budgets"], rows[-1]["first_divergences"]) == (0, [8192, 24], [None] * 4)
+    assert [r["max_num_batched_tokens"] for r in rows[:-1]] == [8192, 8192, 24, 24]
+    assert min(r["prompt_tokens"] for r in rows[:-1]) > 24
+    with pytest.raises(SystemExit, match="no chunked prefill"):
+        run_check(tiny_model_dir, tmp_path / "..", "--budgets", "8192,4096")

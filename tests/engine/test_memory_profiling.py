@@ -78,12 +78,12 @@ def test_kv_cache_leaves_room_for_the_cuda_graph_pool(monkeypatch):
 
 
 @pytest.mark.parametrize("mode, eager, dtype, want", [
-    ("FULL_AND_PIECEWISE", False, "bfloat16", 512), ("FULL_DECODE_ONLY", False, "bfloat16", 64),
-    ("PIECEWISE", False, "float16", 512), ("NONE", False, "bfloat16", 0),
+    ("FULL_AND_PIECEWISE", False, "bfloat16", 1024), ("FULL_DECODE_ONLY", False, "bfloat16", 64),
+    ("PIECEWISE", False, "float16", 1024), ("NONE", False, "bfloat16", 0),
     ("FULL_AND_PIECEWISE", True, "bfloat16", 0), ("FULL_AND_PIECEWISE", False, "float32", 0)])
 def test_graph_reserve_sized_by_the_largest_graph(mode, eager, dtype, want):
-    """Tokens of the largest graph the runner captures on CUDA: the piecewise bucket (512 of
-    2048 batched tokens) or the full decode batch (max_num_seqs 64); none eager or in float32
+    """Tokens of the largest graph the runner captures on CUDA: the piecewise bucket (1024: all
+    the batched tokens, under the default cap) or the full decode batch (max_num_seqs 64); none eager or in float32
     (the torch backend: no graphs)."""
     from weir.engine.engine_args import EngineArgs
     from weir.engine.llm_engine import LLMEngine
@@ -92,7 +92,7 @@ def test_graph_reserve_sized_by_the_largest_graph(mode, eager, dtype, want):
     engine = LLMEngine.__new__(LLMEngine)
     engine.args = EngineArgs(cudagraph_mode=mode, enforce_eager=eager, dtype=dtype, max_num_seqs=64)
     engine.dtype = getattr(torch, dtype)
-    engine.cudagraph_capture_sizes = resolve_capture_sizes(None, None, 2048)
+    engine.cudagraph_capture_sizes = resolve_capture_sizes(None, None, 1024)
     assert engine._cudagraph_num_tokens() == want
 
 

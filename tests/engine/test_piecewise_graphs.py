@@ -192,7 +192,8 @@ def test_capture_sizes_and_mode_knobs():
     assert piecewise_capture_sizes(512) == [1, 2, 4, 8, *range(16, 257, 16), 320, 384, 448, 512]
     assert piecewise_capture_sizes(13) == [1, 2, 4, 8, 13]
     assert piecewise_capture_sizes(1) == [1]
-    assert resolve_capture_sizes(None, None, 2048) == piecewise_capture_sizes(512)
+    assert resolve_capture_sizes(None, None, 8192) == piecewise_capture_sizes(2048)
+    assert resolve_capture_sizes(None, None, 2048) == piecewise_capture_sizes(2048)
     assert resolve_capture_sizes(None, None, 100) == piecewise_capture_sizes(100)
     assert resolve_capture_sizes([64, 8, 2, 8], 32, 2048) == [2, 8]
     with pytest.raises(ValueError, match="no cudagraph_capture_sizes"):
@@ -348,3 +349,40 @@ def test_captured_piecewise_graphs_on_cuda():
         step_slots = build_step_inputs(sched, 8, dev, torch.int32).slot_mapping.tolist()
         assert changed_slots(after, start) == sorted(step_slots)
         torch.testing.assert_close(after.float(), want_cache.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_capture_runs_with_the_collector_frozen_and_unfreezes_after(monkeypatch):
+    """build_cuda_graphs captures both sets with every earlier object in the permanent generation
+    (torch.cuda.graph collects as each capture begins), and leaves nothing frozen, also when a
+    capture raises (the CUDA calls and graph classes are stand-ins: CPU)."""
+    import gc
+
+    from weir.engine import cuda_graphs, piecewise_graphs
+
+    seen = []
+
+    class Recorder:
+        sizes, num_pieces = [1, 2], 3
+
+        def __init__(self, *args, **kwargs):
+            seen.append(gc.get_freeze_count())
+            if kwargs.get("fail"):
+                raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 1 << 31))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(cuda_graphs, "DecodeGraphs", Recorder)
+    monkeypatch.setattr(piecewise_graphs, "PiecewiseGraphs", Recorder)
+    assert gc.get_freeze_count() == 0
+    full, piecewise, _ = build_cuda_graphs(None, None, [], CUDAGraphMode.FULL_AND_PIECEWISE, 4, 8, 16, [1, 2],
+                                           torch.device("cuda"))
+    assert isinstance(full, Recorder) and isinstance(piecewise, Recorder)
+    assert len(seen) == 2 and min(seen) > 0, seen
+    assert gc.get_freeze_count() == 0
+
+    with pytest.raises(RuntimeError):
+        with cuda_graphs.frozen_gc():
+            assert gc.get_freeze_count() > 0
+            Recorder(fail=True)
+    assert gc.get_freeze_count() == 0
