@@ -130,12 +130,18 @@ class LlamaDecoderLayer(nn.Module):
         t = x.shape[0]
         nq, nkv = self.num_heads, self.num_kv_heads
         # rotary on queries and keys in one pass. qk: [num_tokens, num_heads + num_kv_heads, head_dim]
-        qk = qkv[:, :(nq + nkv) * self.head_dim].view(t, nq + nkv, self.head_dim)
-        qk = self.rotary(qk, positions, cos, sin)
+        qk = self.rotary(self.query_key_heads(qkv), positions, cos, sin)
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         q, k = qk[:, :nq], qk[:, nq:]
         v = qkv[:, (nq + nkv) * self.head_dim:].view(t, nkv, self.head_dim)
         return q, k, v, residual
+
+    def query_key_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The queries and keys of the q/k/v projection ``[num_tokens, q_size + 2 * kv_size]`` as
+        heads, before rotary: ``[num_tokens, num_heads + num_kv_heads, head_dim]`` (a view here; a
+        family that normalises each head, as Qwen3, overrides it)."""
+        n = self.num_heads + self.num_kv_heads
+        return qkv[:, :n * self.head_dim].view(qkv.shape[0], n, self.head_dim)
 
     def attention(self, q, k, v, key_cache, value_cache, attn_backend, attn_metadata):
         """Write the new keys/values to the cache, then attend. Returns

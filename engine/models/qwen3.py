@@ -20,27 +20,15 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
 
-    def pre_attention(self, x, residual, positions, cos, sin):
-        """As :meth:`LlamaDecoderLayer.pre_attention`, with q_norm/k_norm applied per head before
-        the rotary embedding. Returns ``(q, k, v, residual)``: q ``[num_tokens, num_heads,
-        head_dim]``, k and v ``[num_tokens, num_kv_heads, head_dim]``."""
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        qkv = self.qkv_proj(h)
-        t, d = x.shape[0], self.head_dim
+    def query_key_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """As :meth:`LlamaDecoderLayer.query_key_heads`, each query and key head normalised on its
+        own (q_norm, k_norm) before rotary: ``[num_tokens, num_heads + num_kv_heads, head_dim]``."""
+        t, d = qkv.shape[0], self.head_dim
         nq, nkv = self.num_heads, self.num_kv_heads
         # each head's row normalised on its own: q: [num_tokens * num_heads, head_dim]
         q = self.q_norm(qkv[:, :nq * d].reshape(t * nq, d))
         k = self.k_norm(qkv[:, nq * d:(nq + nkv) * d].reshape(t * nkv, d))
-        # qk: [num_tokens, num_heads + num_kv_heads, head_dim]
-        qk = torch.cat((q.view(t, nq, d), k.view(t, nkv, d)), dim=1)
-        qk = self.rotary(qk, positions, cos, sin)
-        q, k = qk[:, :nq], qk[:, nq:]
-        v = qkv[:, (nq + nkv) * d:].view(t, nkv, d)
-        return q, k, v, residual
+        return torch.cat((q.view(t, nq, d), k.view(t, nkv, d)), dim=1)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
