@@ -19,6 +19,25 @@ PROMPTS = [[5, 9, 200, 31, 7], list(range(3, 40))]
 FAMILIES = ["llama-untied", "llama-tied", "qwen2-untied", "qwen2-tied"]
 FORMATS = ["safetensors", "bin"]
 
+def tiny_gguf_writer(path, architecture):
+    """A GGUF writer with the metadata of the tiny test models (hidden 32, 2 layers, 4:2 heads,
+    vocab 64); the caller adds the tensors."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, architecture)
+    writer.add_context_length(128)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(64)
+    writer.add_block_count(2)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(64)])
+    return writer
+
+
 
 def random_model(family: str):
     """A tiny random transformers model; Qwen2 has q/k/v biases (random, so a dropped one shows)."""
@@ -162,7 +181,6 @@ def test_no_init_weights_skips_torch_init_and_restores_it():
 def write_tiny_qwen2_gguf(folder) -> tuple[object, str]:
     """A tiny random Qwen2 (q/k/v biases, untied head) written as an F32 GGUF under llama.cpp's
     tensor names; returns ``(transformers model, path)``."""
-    import gguf
     import numpy as np
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -180,17 +198,7 @@ def write_tiny_qwen2_gguf(folder) -> tuple[object, str]:
             for kind in ("weight", "bias"):
                 gguf_names[f"model.layers.{i}.{hf_piece}.{kind}"] = f"blk.{i}.{gguf_piece}.{kind}"
     path = os.path.join(folder, "tiny-qwen2.F32.gguf")
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_context_length(128)
-    writer.add_embedding_length(32)
-    writer.add_feed_forward_length(64)
-    writer.add_block_count(2)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{i}" for i in range(64)])
+    writer = tiny_gguf_writer(path, "qwen2")
     for name, tensor in model.state_dict().items():
         writer.add_tensor(gguf_names[name], tensor.detach().numpy().astype(np.float32))
     writer.write_header_to_file()
@@ -220,7 +228,6 @@ def test_qwen3_and_gemma3_ggufs_stream_transformers_tensors(architecture, tmp_pa
     stored plus one; names from transformers' map): the streamed tensors are transformers' own
     from ``from_pretrained(gguf_file=...)`` and the model's (the norm offset undone exactly: the
     norm weights are multiples of 1/64)."""
-    import gguf
     import numpy as np
     from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -237,17 +244,7 @@ def test_qwen3_and_gemma3_ggufs_stream_transformers_tensors(architecture, tmp_pa
             p.copy_(torch.randint(-64, 64, p.shape) / 64 if "norm" in name else torch.randn(p.shape))
     to_gguf = {hf_name: gguf_name for gguf_name, hf_name in gguf_to_hf_names(cfg).items()}
     path = os.path.join(tmp_path, f"tiny-{architecture}.F32.gguf")
-    writer = gguf.GGUFWriter(path, architecture)
-    writer.add_context_length(128)
-    writer.add_embedding_length(32)
-    writer.add_feed_forward_length(64)
-    writer.add_block_count(2)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{i}" for i in range(64)])
+    writer = tiny_gguf_writer(path, architecture)
     state_dict = model.state_dict()
     for name, tensor in state_dict.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
