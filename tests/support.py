@@ -5,17 +5,19 @@ from __future__ import annotations
 import os
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import pytest
-from sqlalchemy.orm import Session
 
-from weir.jobs.batches import add_jobs, begin_batch, list_jobs, queue_batch
-from weir.jobs.claims import claim_jobs
-from weir.jobs.db import Batch, Job, utcnow
-from weir.jobs.results import JobResult, record_results
-from weir.jobs.schemas import JobRequest
 from weir.worker.testing import service_urls
+
+if TYPE_CHECKING:  # the store's packages are imported where used: the GPU machine's engine and
+    # kernel tests import this module without SQLAlchemy or pydantic (bench/gpu.sh --small)
+    from sqlalchemy.orm import Session
+
+    from weir.jobs.db import Batch, Job
+    from weir.jobs.results import JobResult
+    from weir.jobs.schemas import JobRequest
 
 # Test-only knobs (the project's own settings come from weir.config).
 REDIS_URL, POSTGRES_ADMIN_URL = service_urls()
@@ -103,6 +105,9 @@ def create_batch(
         ValueError: two requests share a ``custom_id``, or ``metadata`` is not plain JSON (the
             message names the field, see :func:`weir.jobs.schemas.check_json`).
     """
+    from weir.jobs.batches import add_jobs, begin_batch, list_jobs, queue_batch
+    from weir.jobs.db import utcnow
+
     batch = begin_batch(session, model=model, metadata=metadata)
     add_jobs(session, batch.id, requests, first_index=0, model=model, published_at=utcnow())
     queue_batch(session, batch.id, len(requests))
@@ -119,10 +124,14 @@ def claim_job(
 ) -> Optional[Job]:
     """:func:`weir.jobs.claims.claim_jobs` for one job: the job as claimed, or None when there is nothing to run
     (finished, out of attempts, held under a live lease by another claim, or unknown)."""
+    from weir.jobs.claims import claim_jobs
+
     claim = claim_jobs(session, [job_id], worker=worker, lease_s=lease_s, max_attempts=max_attempts)[job_id]
     return claim.job
 
 
 def record_result(session: Session, job: Job, result: JobResult) -> bool:
     """:func:`weir.jobs.results.record_results` for one job. Returns True when the row took this result."""
+    from weir.jobs.results import record_results
+
     return job.id in record_results(session, [(job, result)])

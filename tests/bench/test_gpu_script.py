@@ -109,8 +109,9 @@ def test_each_test_selection_collects_at_least_what_its_verdict_asks(small):
     _, steps = dry_run(*(["--small"] if small else []))
     for name in ("kernel_tests", "engine_cuda_tests"):
         words = [w for w in steps[name][1] if not w.startswith("--junitxml")]
+        # collected where the worker's packages cannot be imported, as on the GPU machine
         out = subprocess.run([*words, "--collect-only", "-p", "no:cacheprovider"], cwd=ROOT,
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, env=lacking_env())
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         collected = sum("::" in line for line in out.stdout.splitlines())  # one node id a line
         min_passed = int(steps[f"{name}_junit"][1][steps[f"{name}_junit"][1].index("--min-passed") + 1])
@@ -122,12 +123,16 @@ def test_an_unknown_step_is_refused():
     assert out.returncode == 2 and "unknown argument kernels" in out.stderr
 
 
-def lacking_python(code: str) -> subprocess.CompletedProcess:
-    """``code`` in a Python where the packages gpu.sh --small refuses cannot be imported."""
+def lacking_env() -> dict:
+    """The environment in which the packages gpu.sh --small refuses cannot be imported."""
     setup, _ = dry_run("--small")
     lacks = re.search(r"DEVICE_LACKS='([^']*)'", " ".join(setup))[1]
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "bench", "device_site"), "DEVICE_LACKS": lacks}
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    return {**os.environ, "PYTHONPATH": os.path.join(ROOT, "bench", "device_site"), "DEVICE_LACKS": lacks}
+
+
+def lacking_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a Python where the packages gpu.sh --small refuses cannot be imported."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=lacking_env())
 
 
 def test_the_engine_and_the_gpu_steps_import_nothing_the_gpu_machine_lacks():
