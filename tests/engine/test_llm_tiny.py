@@ -243,3 +243,28 @@ def test_priority_scheduling_orders_requests_and_keeps_their_tokens(tiny_llama_d
     assert_all_blocks_free(strict)
     with pytest.raises(ValueError, match="priority=1 needs scheduling_policy='priority'"):
         make_llm(tiny_llama_dir).generate(ps[:1], GREEDY, priority=[1])
+
+
+def test_ignore_eos_generates_past_the_eos_token_and_without_it_the_request_stops_there(tiny_llama_dir, tmp_path):
+    """The model's greedy third token made its EOS: ``ignore_eos`` keeps the whole greedy sequence
+    (the benchmarks count those tokens as generated); without it the request stops on that token."""
+    import json
+    import shutil
+
+    prompt = [[5, 6, 7, 8]]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = make_llm(tiny_llama_dir).generate(prompt, sp)[0].outputs[0].token_ids
+    eos = want[2]
+    assert eos not in want[:2]
+    path = tmp_path / "eos-model"
+    shutil.copytree(tiny_llama_dir, path)
+    for name in ("config.json", "generation_config.json"):
+        if (path / name).exists():
+            cfg = json.loads((path / name).read_text())
+            cfg["eos_token_id"] = eos
+            (path / name).write_text(json.dumps(cfg))
+    llm = make_llm(str(path))
+    past = llm.generate(prompt, sp)[0].outputs[0]
+    assert (past.token_ids, past.finish_reason) == (want, "length")
+    stopped = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12))[0].outputs[0]
+    assert (stopped.token_ids, stopped.finish_reason) == (want[:3], "stop")
