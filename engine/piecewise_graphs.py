@@ -34,7 +34,7 @@ DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048
 """The largest piecewise bucket unless ``max_cudagraph_capture_size`` says otherwise (tokens). On
 W-mixed at 256 sequences a cap of 512 leaves 121 of 442 steps (176K of 218K tokens) of the 135M
 shape eager, 2048 leaves 9 (``bench.step_mix``), for about 25 more buckets to capture: BENCHMARKS.md,
-"Piecewise cap"."""
+"GPU plan", the piecewise cap."""
 
 
 def piecewise_capture_sizes(max_capture_size: int) -> list[int]:

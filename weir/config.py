@@ -46,7 +46,7 @@ class EngineSettings(_WeirSettings):
     cudagraph_mode: str = Field("FULL_AND_PIECEWISE", description="NONE, PIECEWISE, FULL_DECODE_ONLY, "
                                 "FULL_AND_PIECEWISE (vLLM's names)")
     cudagraph_capture_sizes: Optional[list[int]] = Field(None, description="piecewise CUDA-graph token counts")
-    max_cudagraph_capture_size: Optional[int] = Field(None, gt=0, description="largest piecewise bucket (512)")
+    max_cudagraph_capture_size: Optional[int] = Field(None, gt=0, description="largest piecewise bucket (2048)")
     measure_step_gpu_time: bool = Field(False, description="time each step's forward with CUDA events")
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "priority", description="priority (each job's priority, lower first) or fcfs (arrival order); vLLM's "
