@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from weir.engine.models.layers import GemmaRMSNorm, apply_rotary, gelu_tanh_and_mul
 from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.models.qwen3 import Qwen3DecoderLayer
-from weir.engine.models.sliding_window import LAYER_TYPES
+from weir.engine.models.sliding_window import LAYER_TYPES, layer_sliding_windows
 
 # the activation Gemma 3's GeGLU is written for (transformers' name)
 HIDDEN_ACTIVATION = "gelu_pytorch_tanh"
@@ -47,8 +47,10 @@ def check_gemma3_config(config) -> None:
     Raises:
         ValueError: ``hidden_activation`` other than ``gelu_pytorch_tanh``, ``attention_bias`` set
             (Gemma's o_proj would need a bias too), a ``query_pre_attn_scalar`` that is not a
-            positive number, or ``rope_parameters`` lacking a layer type's entry.
+            positive number, ``rope_parameters`` lacking a layer type's entry, or what
+            :func:`~weir.engine.models.sliding_window.layer_sliding_windows` refuses.
     """
+    layer_sliding_windows(config)  # unknown layer types first: each needs its RoPE entry below
     act = getattr(config, "hidden_activation", HIDDEN_ACTIVATION)
     if act != HIDDEN_ACTIVATION:
         raise ValueError(f"hidden_activation={act!r} is not supported: weir's Gemma 3 MLP is GeGLU with "
