@@ -24,7 +24,7 @@ from weir.engine.cuda_graphs import CUDAGraphMode
 from weir.engine.engine_args import EngineArgs
 from weir.engine.input_processor import InputProcessor
 from weir.engine.kv_cache_manager import KVCacheManager, freeable_window
-from weir.engine.loader import check_config, load_config, load_generation_eos_ids, load_tokenizer, resolve_model
+from weir.engine.loader import check_config, language_config, load_config, load_generation_eos_ids, load_tokenizer, resolve_model
 from weir.engine.model_runner import ModelRunner
 from weir.engine.models import MODEL_CLASSES
 from weir.engine.output_processor import DURATIONS, OutputProcessor
@@ -84,7 +84,7 @@ class LLMEngine:
         t0 = time.time()
         self.tokenizer = None
         if args.load_format == "dummy" and not isinstance(args.model, (str, type(None))):
-            self.config = args.model
+            self.config = language_config(args.model)
             check_config(self.config)
             self.model_name = f"dummy-{self.config.model_type}"
             eos_ids = {self.config.eos_token_id} if isinstance(self.config.eos_token_id, int) else set(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from weir.engine.models.sliding_window import LAYER_TYPES
 from weir.model_source import ModelSource, load_tokenizer, resolve_model  # noqa: F401  (the engine's loaders)
 
 logger = logging.getLogger(__name__)
@@ -25,9 +26,21 @@ UNSUPPORTED_ROPE_TYPES = ("dynamic", "longrope")
 def load_config(src: ModelSource):
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(src.path, **src.hf_kwargs())
+    config = language_config(AutoConfig.from_pretrained(src.path, **src.hf_kwargs()))
     check_config(config)
     return config
+
+
+def language_config(config):
+    """The config of the text decoder weir runs: ``text_config`` of a ``gemma3`` (image and text)
+    checkpoint, its EOS ids taken from the outer config when it names them; else ``config`` itself."""
+    if config.model_type != "gemma3":
+        return config
+    text = config.text_config
+    eos = getattr(config, "eos_token_id", None)
+    if eos is not None:
+        text.eos_token_id = eos
+    return text
 
 
 def check_config(config) -> None:
@@ -35,7 +48,7 @@ def check_config(config) -> None:
 
     Raises ``ValueError`` for a ``model_type`` not in ``weir.engine.models.MODEL_CLASSES``, an
     ``attn_logit_softcapping`` that is set, or a ``rope_parameters``/``rope_scaling`` ``rope_type``
-    in ``UNSUPPORTED_ROPE_TYPES``.
+    in ``UNSUPPORTED_ROPE_TYPES`` (in any layer type's entry, where they are keyed by layer type).
     """
     from weir.engine.models import MODEL_CLASSES
 
@@ -48,11 +61,23 @@ def check_config(config) -> None:
         raise ValueError(f"attn_logit_softcapping={softcap!r} is not supported: weir's attention "
                          "does not soft-cap its logits")
     for key in ("rope_parameters", "rope_scaling"):
-        rope = getattr(config, key, None)
-        rope_type = (rope or {}).get("rope_type", (rope or {}).get("type"))
-        if rope_type in UNSUPPORTED_ROPE_TYPES:
-            raise ValueError(f"{key} rope_type={rope_type!r} is not supported: its cos/sin depend on "
-                             "the sequence length, and weir precomputes them once")
+        for where, rope in _rope_entries(getattr(config, key, None)):
+            rope_type = rope.get("rope_type", rope.get("type"))
+            if rope_type in UNSUPPORTED_ROPE_TYPES:
+                raise ValueError(f"{key}{where} rope_type={rope_type!r} is not supported: its cos/sin depend "
+                                 "on the sequence length, and weir precomputes them once")
+
+
+def _rope_entries(rope):
+    """``(where, parameters)`` of a ``rope_parameters`` value: ``("", rope)`` for one dict, or
+    ``("['sliding_attention']", ...)`` for each layer type's dict where the config keys them by
+    layer type (Gemma 3)."""
+    if not isinstance(rope, dict):
+        return []
+    nested = [(k, v) for k, v in rope.items() if isinstance(v, dict)]
+    if nested and all(k in LAYER_TYPES for k, _ in nested):
+        return [(f"[{k!r}]", v) for k, v in nested]
+    return [("", rope)]
 
 
 def load_generation_eos_ids(src: ModelSource, config) -> set[int]:

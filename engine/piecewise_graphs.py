@@ -105,8 +105,11 @@ class PiecewiseGraphs:
 
         self.input_ids, self.positions = buf(dtype=idx), buf(dtype=idx)
         self.slot_mapping = torch.full((n,), -1, dtype=idx, device=device)
-        # cos/sin: [tokens, 1, head_dim]; q, attn_out: [tokens, num_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim]
-        self.cos, self.sin = buf(1, hd), buf(1, hd)
+        # cos/sin: [*tables, tokens, 1, head_dim], the rows embed() gathers from each RoPE table
+        # (*tables: the leading dims of model.cos_cache before [max_positions, head_dim]; none for one table);
+        # q, attn_out: [tokens, num_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim]
+        tables = tuple(model.cos_cache.shape[:-2])
+        self.cos, self.sin = (torch.zeros(*tables, n, 1, hd, dtype=dtype, device=device) for _ in range(2))
         self.q, self.attn_out = buf(layer.num_heads, hd), buf(layer.num_heads, hd)
         self.k, self.v = buf(layer.num_kv_heads, hd), buf(layer.num_kv_heads, hd)
         self.residual, self.hidden = buf(hidden), buf(hidden)
@@ -140,8 +143,8 @@ class PiecewiseGraphs:
         if i == 0:
             x, cos, sin = m.embed(self.input_ids[:b], self.positions[:b])
             if not m.kernels_enabled:  # per-token rows, read by every layer's piece
-                self.cos[:b].copy_(cos)
-                self.sin[:b].copy_(sin)
+                self.cos[..., :b, :, :].copy_(cos)
+                self.sin[..., :b, :, :].copy_(sin)
             residual = None
         else:
             x, residual = m.layers[i - 1].post_attention(self.attn_out[:b], self.residual[:b])
@@ -149,7 +152,7 @@ class PiecewiseGraphs:
             self.hidden[:b].copy_(m.norm(x, residual)[0])
             return
         # the rotary kernel reads the whole tables at the (static) positions itself
-        cos, sin = (m.cos_cache, m.sin_cache) if m.kernels_enabled else (self.cos[:b], self.sin[:b])
+        cos, sin = (m.cos_cache, m.sin_cache) if m.kernels_enabled else (self.cos[..., :b, :, :], self.sin[..., :b, :, :])
         q, k, v, residual = m.layers[i].pre_attention(x, residual, self.positions[:b], cos, sin)
         self.q[:b].copy_(q)
         self.k[:b].copy_(k)

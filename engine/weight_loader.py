@@ -71,6 +71,13 @@ def no_init_weights() -> Iterator[None]:
     attributes of ``torch.nn.init`` for the duration."""
     from torch.nn import init
 
+    # transformers' own init module keeps the torch functions it finds when first imported; were
+    # that import to happen inside this context (a model class importing its transformers module
+    # for its RoPE tables), every transformers model built later in the process would keep the
+    # no-ops below and be left uninitialised (Gemma 3's embed_scale buffer: garbage logits)
+    with contextlib.suppress(ImportError):
+        import transformers.initialization  # noqa: F401
+
     names = [n for n in dir(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))]
     originals = {n: getattr(init, n) for n in names}
     for n in names:

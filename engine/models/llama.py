@@ -19,66 +19,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from weir.engine.models.layers import RMSNorm, apply_rotary, silu_and_mul
 from weir.engine.models.sliding_window import layer_sliding_windows
 
 
-class RMSNorm(nn.Module):
-    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in fp32, optionally after the
-    residual add before it.
-
-    With ``use_kernel`` (set by :meth:`LlamaForCausalLM.use_kernels`) the add and the norm
-    run as one Triton kernel (``weir.kernels.rms_norm``); otherwise in torch, with the same
-    rounding (the sum is rounded to the input dtype before it is normalised).
-    """
-
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
-        self.eps = eps
-        self.use_kernel = False
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """``x``: ``[num_tokens, hidden_size]``. Returns the normalised rows, or with ``residual``
-        (same shape) the pair ``(norm(x + residual), x + residual)``."""
-        if self.use_kernel:
-            from weir.kernels.rms_norm import rms_norm
-
-            return rms_norm(x, self.weight, self.eps, residual=residual)
-        if residual is None:
-            return self._norm(x)
-        x = x + residual
-        return self._norm(x), x
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused pass, same values as the three-step form below
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(qk: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Torch rotary embedding (neox layout, as transformers' Llama). ``qk``: ``[num_tokens,
-    num_heads, head_dim]``; ``cos``/``sin``: each token's rows ``[num_tokens, 1, head_dim]``,
-    gathered once per step by the model, so ``positions`` is not read here (the signature is
-    ``weir.kernels.rotary.rotary_embedding``'s, which gathers the rows itself)."""
-    return qk * cos + rotate_half(qk) * sin
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """Torch SwiGLU: ``[num_tokens, 2 * intermediate]`` (gate half first) -> ``[num_tokens,
-    intermediate]``, as ``weir.kernels.activation.silu_and_mul``."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
 class LlamaDecoderLayer(nn.Module):
+    """One block: its weights (q/k/v and gate/up fused), norms and sliding window (set by the
+    model). A family that differs in a part overrides that part's method."""
+
+    # the RMSNorm variant of every norm of the block (and the model's final norm)
+    norm_class = RMSNorm
+
     def __init__(self, config, dtype: torch.dtype):
         super().__init__()
         h = config.hidden_size
@@ -95,8 +46,8 @@ class LlamaDecoderLayer(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=False, dtype=dtype)
         self.down_proj = nn.Linear(config.intermediate_size, h, bias=False, dtype=dtype)
-        self.input_layernorm = RMSNorm(h, config.rms_norm_eps, dtype)
-        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps, dtype)
+        self.input_layernorm = self.norm_class(h, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = self.norm_class(h, config.rms_norm_eps, dtype)
         # the torch ops, or the Triton kernels once LlamaForCausalLM.use_kernels(True) swaps them in
         self.rotary = apply_rotary
         self.act = silu_and_mul
@@ -157,6 +108,16 @@ class LlamaDecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(self.o_proj(o.reshape(t, -1)), residual)
         return self.down_proj(self.act(self.gate_up_proj(h))), residual
 
+    def use_kernels(self, enabled: bool) -> None:
+        """Run rotary and SwiGLU as their Triton kernels (``weir.kernels.rotary``,
+        ``.activation``), or in torch. Importing the kernels needs Triton."""
+        if enabled:
+            from weir.kernels.activation import silu_and_mul as act
+            from weir.kernels.rotary import rotary_embedding as rotary
+        else:
+            act, rotary = silu_and_mul, apply_rotary
+        self.rotary, self.act = rotary, act
+
 
 class LlamaForCausalLM(nn.Module):
     """The decoder plus LM head. Owns its weights and RoPE tables, not the KV cache.
@@ -171,18 +132,21 @@ class LlamaForCausalLM(nn.Module):
             (:func:`~weir.engine.models.sliding_window.layer_sliding_windows`).
     """
 
+    # the block class; a family that differs only inside its blocks sets its own
+    decoder_layer = LlamaDecoderLayer
+
     def __init__(self, config, dtype: torch.dtype, max_positions: int):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(config, dtype) for _ in range(config.num_hidden_layers)]
+            [self.decoder_layer(config, dtype) for _ in range(config.num_hidden_layers)]
         )
         # per layer: its sliding window in tokens, or None (global); the KV cache manager reads it
         self.sliding_windows = layer_sliding_windows(config)
         for layer, window in zip(self.layers, self.sliding_windows):
             layer.sliding_window = window
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = self.decoder_layer.norm_class(config.hidden_size, config.rms_norm_eps, dtype)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
@@ -210,16 +174,11 @@ class LlamaForCausalLM(nn.Module):
         (``weir.kernels.rms_norm``, ``.rotary``, ``.activation``: the Triton backend's choice,
         ``model_kernels``), or in torch. Importing the kernels needs Triton."""
         self.kernels_enabled = enabled
-        if enabled:
-            from weir.kernels.activation import silu_and_mul as act
-            from weir.kernels.rotary import rotary_embedding as rotary
-        else:
-            act, rotary = silu_and_mul, apply_rotary
         for m in self.modules():
             if isinstance(m, RMSNorm):
                 m.use_kernel = enabled
-            elif isinstance(m, LlamaDecoderLayer):
-                m.rotary, m.act = rotary, act
+        for layer in self.layers:
+            layer.use_kernels(enabled)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, attn_backend,
                 attn_metadata) -> torch.Tensor:

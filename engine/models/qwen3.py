@@ -9,16 +9,15 @@ bias only with ``attention_bias``, and sliding windows come from ``layer_types``
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from weir.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM, RMSNorm
+from weir.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):
     def __init__(self, config, dtype: torch.dtype):
         super().__init__(config, dtype)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
+        self.q_norm = self.norm_class(self.head_dim, config.rms_norm_eps, dtype)
+        self.k_norm = self.norm_class(self.head_dim, config.rms_norm_eps, dtype)
 
     def query_key_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """As :meth:`LlamaDecoderLayer.query_key_heads`, each query and key head normalised on its
@@ -35,10 +34,4 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """:class:`LlamaForCausalLM` with :class:`Qwen3DecoderLayer` blocks; same interface, weights
     named as in transformers' ``Qwen3ForCausalLM``."""
 
-    def __init__(self, config, dtype: torch.dtype, max_positions: int):
-        super().__init__(config, dtype, max_positions)
-        self.layers = nn.ModuleList(
-            [Qwen3DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers)]
-        )
-        for layer, window in zip(self.layers, self.sliding_windows):
-            layer.sliding_window = window
+    decoder_layer = Qwen3DecoderLayer

@@ -10,9 +10,12 @@ PROMPTS = [[5, 9, 200, 31, 7], list(range(3, 40)), [17] * 16]
 
 
 def save_random(tmp_path, config_cls, model_cls, seed=1, **extra):
-    cfg = config_cls(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                     bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **extra)
+    """A tiny random checkpoint of ``model_cls`` saved under ``tmp_path`` (every parameter, norms and
+    biases too, drawn from N(0, 0.15)); ``extra`` adds to or overrides the config's sizes."""
+    sizes = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                 bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    cfg = config_cls(**{**sizes, **extra})
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
     with torch.no_grad():

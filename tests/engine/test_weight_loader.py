@@ -178,6 +178,21 @@ def test_no_init_weights_skips_torch_init_and_restores_it():
     assert not torch.equal(untouched, torch.zeros(4))  # torch's own again
 
 
+def test_transformers_first_imported_inside_no_init_weights_keeps_torch_init():
+    """transformers records torch's init functions when its init module is first imported; an
+    import inside the context must not record the no-ops (a fresh interpreter: this one has
+    imported it already)."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "from weir.engine.weight_loader import no_init_weights\n"
+            "with no_init_weights():\n"
+            "    from transformers.initialization import TORCH_INIT_FUNCTIONS\n"
+            "assert TORCH_INIT_FUNCTIONS['constant_'] is torch.nn.init.constant_\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def write_tiny_qwen2_gguf(folder) -> tuple[object, str]:
     """A tiny random Qwen2 (q/k/v biases, untied head) written as an F32 GGUF under llama.cpp's
     tensor names; returns ``(transformers model, path)``."""
