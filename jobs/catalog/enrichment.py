@@ -27,6 +27,7 @@ from typing import Any, Iterable, Optional
 
 from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.catalog.extraction import extraction_messages
+from weir.jobs.catalog.grounding import Listing
 from weir.jobs.catalog.marker import EXTENSION, Enrichment, enrichment_of
 from weir.jobs.catalog.quality import OK, description_quality
 from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, GenerateRequest, JobRequest
@@ -338,13 +339,38 @@ def classify_request(product: Product, catalog: Catalog, exemplars: Optional[lis
         calibration_prompt=classify_prompt(spec, "N/A", shots) if calibrate else None,
         metadata={"product_id": product.product_id},
         extensions={EXTENSION: Enrichment(catalog=catalog_key(catalog), product_id=product.product_id,
-                                          fingerprint=fingerprint)},
+                                          fingerprint=fingerprint, product_fields=product_fields(spec))},
     )
 
 
+def listing_of(product: Product) -> Listing:
+    """The product's own text, the evidence its description and attributes are checked against
+    (:mod:`weir.jobs.catalog.grounding`)."""
+    return Listing(name=product.name, brand=product.brand, description=product.description,
+                   category=product.category)
+
+
+def product_fields(spec: JobSpec) -> list[str]:
+    """The fields a product's jobs fill under ``spec``: category, description[, attributes]."""
+    return ["category", "description"] + (["attributes"] if spec.extract.enabled else [])
+
+
+def example_values(spec: JobSpec) -> dict[str, list[Any]]:
+    """Field -> the distinct non-null values the extraction's worked examples give it."""
+    values: dict[str, list[Any]] = {}
+    for _, _, answer in spec.extract.worked_examples():
+        for name, value in answer.items():
+            if value is not None and value not in values.setdefault(name, []):
+                values[name].append(value)
+    return {name: found for name, found in values.items() if found}
+
+
 def describe_prompt(spec: JobSpec, product: Product) -> str:
-    """The user turn of a description job; lines whose field is empty (no brand) are left out."""
-    fields = {"name": product.name, "brand": product.brand}
+    """The user turn of a description job: the product's title, brand and the first
+    ``describe.description_chars`` characters of its source description (whitespace collapsed);
+    lines whose field is empty (no brand, no description) are left out."""
+    description = " ".join(product.description.split())[:spec.describe.description_chars]
+    fields = {"name": product.name, "brand": product.brand, "description": description}
     lines = [line.format(**fields) for line in spec.describe.user_prompt.split("\n")
              if not any(f"{{{k}}}" in line and not v for k, v in fields.items())]
     return "\n".join(lines) or product.name
@@ -359,7 +385,8 @@ def describe_request(product: Product, spec: JobSpec, catalog: str, fingerprint:
         prompt=describe_prompt(spec, product),
         metadata={"product_id": product.product_id},
         extensions={EXTENSION: Enrichment(catalog=catalog, product_id=product.product_id, fingerprint=fingerprint,
-                                          retry_sampling=spec.describe.retry_sampling or None)},
+                                          retry_sampling=spec.describe.retry_sampling or None,
+                                          listing=listing_of(product), product_fields=product_fields(spec))},
         **spec.describe.sampling,
     )
 
@@ -376,7 +403,9 @@ def extract_request(product: Product, spec: JobSpec, catalog: str, fingerprint: 
         prompt=extraction_messages(extract, spec.domain.shop, product.name, product.description),
         metadata={"product_id": product.product_id},
         extensions={EXTENSION: Enrichment(catalog=catalog, product_id=product.product_id, field="attributes",
-                                          fingerprint=fingerprint)},
+                                          fingerprint=fingerprint, listing=listing_of(product),
+                                          example_values=example_values(spec) or None,
+                                          product_fields=product_fields(spec))},
         structured_outputs={"json": extract.schema, "disable_any_whitespace": True},
         **extract.sampling,
     )

@@ -1,0 +1,118 @@
+"""What may be published unread: a decision per enriched field, with its reasons.
+
+Each field of a product's enrichment gets ``auto`` (publish it), ``review`` (a person reads it
+first) or ``reject`` (do not use it), and the reasons as a list of ``{"code", "text"}`` objects
+(``"field"`` too for an attribute), stored beside the field in ``product_enrichment``
+(``<field>_decision``, ``<field>_reasons``). Deterministic, no model call:
+
+- category: ``auto``; the label is one of the catalog's own, and its probability is stored as
+  ``category_confidence`` for whoever wants a threshold.
+- description: ``reject`` when :func:`weir.jobs.catalog.quality.description_quality` flags it
+  (codes ``empty``, ``unfinished``, ``repetitive`` with the repeated words); else ``review`` when
+  it states something its listing does not support
+  (:func:`weir.jobs.catalog.grounding.unsupported_claims`) or there is no listing to check it
+  against (``no_listing``); else ``auto``.
+- attributes: ``reject`` when the extraction was cut by ``max_tokens`` (``cut_by_max_tokens``) or
+  gave no object (``no_value``); else ``review`` when a value is the worked example's for that
+  field and the listing does not hold it (``example_value``), or the listing does not hold it
+  (``unsupported_value``), or there is no listing (``no_listing``); else ``auto``. A value stays
+  stored as the model gave it; a null (the model abstaining) is never a reason. No confidence is
+  stored for enum fields: the extraction job asks for no log-probabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from weir.jobs.catalog.grounding import Evidence, Listing, quantities, reason, unsupported_claims
+from weir.jobs.catalog.quality import EMPTY, OK, REPETITIVE, description_quality, repeated_ngram
+
+AUTO = "auto"
+REVIEW = "review"
+REJECT = "reject"
+DECISIONS = (AUTO, REVIEW, REJECT)
+"""In order of severity: a field's decision is its worst reason's."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One field's decision and its reasons (empty for ``auto``)."""
+
+    field: str
+    decision: str
+    reasons: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "decision": self.decision, "reasons": self.reasons}
+
+
+def judge_category(label: Optional[str]) -> Decision:
+    """A classification's decision: ``auto`` with a label, ``reject`` (``no_label``) without."""
+    return Decision("category", AUTO) if label else Decision("category", REJECT, [reason("no_label")])
+
+
+def judge_description(text: Optional[str], listing: Optional[Listing]) -> Decision:
+    """A description's decision (see the module's docstring)."""
+    quality = description_quality(text)
+    if quality != OK:
+        reasons = []
+        for flag in quality.split(","):
+            if flag == REPETITIVE:
+                top = repeated_ngram(text or "")
+                reasons.append(reason(flag, top[0] if top else None))
+            else:
+                reasons.append(reason(flag) if flag == EMPTY else reason(flag, (text or "").strip()[-40:]))
+        return Decision("description", REJECT, reasons)
+    if listing is None:
+        return Decision("description", REVIEW, [reason("no_listing")])
+    claims = unsupported_claims(text or "", listing)
+    return Decision("description", REVIEW if claims else AUTO, claims)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def _holds(evidence: Evidence, value: Any) -> bool:
+    """Whether the listing holds an extracted value: a number among its numbers, a string whose
+    words it holds together (case, plural), a boolean always (nothing to copy)."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return float(value) in evidence.values
+    if isinstance(value, str):
+        return evidence.supports_phrase(value) or any(
+            q.base is not None and (q.dimension, q.base) in evidence.measures for q in quantities(value))
+    if isinstance(value, list):
+        return all(_holds(evidence, v) for v in value)
+    return False
+
+
+def judge_attributes(parsed: Any, finish_reason: Optional[str], listing: Optional[Listing],
+                     example_values: Optional[dict[str, list[Any]]] = None) -> Decision:
+    """An extraction's decision (see the module's docstring).
+
+    Args:
+        parsed: the extraction's parsed object (None when it did not finish).
+        finish_reason: its job's (``length``: cut by ``max_tokens``).
+        listing: the product's listing; None when the job carried none.
+        example_values: field -> the values the prompt's worked examples give it.
+    """
+    if finish_reason == "length":
+        return Decision("attributes", REJECT, [reason("cut_by_max_tokens")])
+    if not isinstance(parsed, dict):
+        return Decision("attributes", REJECT, [reason("no_value")])
+    if listing is None:
+        return Decision("attributes", REVIEW, [reason("no_listing")])
+    evidence = Evidence.of(listing)
+    examples = example_values or {}
+    reasons = []
+    for name, value in parsed.items():
+        if value is None or _holds(evidence, value):
+            continue
+        copied = any(value == example for example in examples.get(name, []))
+        reasons.append(reason("example_value" if copied else "unsupported_value", _shown(value), field=name))
+    return Decision("attributes", REVIEW if reasons else AUTO, reasons)
