@@ -62,12 +62,19 @@ def judge_description(text: Optional[str], listing: Optional[Listing]) -> Decisi
                 top = repeated_ngram(text or "")
                 reasons.append(reason(flag, top[0] if top else None))
             else:
-                reasons.append(reason(flag) if flag == EMPTY else reason(flag, (text or "").strip()[-40:]))
+                reasons.append(reason(flag) if flag == EMPTY else reason(flag, _ending(text or "")))
         return Decision("description", REJECT, reasons)
     if listing is None:
         return Decision("description", REVIEW, [reason("no_listing")])
     claims = unsupported_claims(text or "", listing)
     return Decision("description", REVIEW if claims else AUTO, claims)
+
+
+def _ending(text: str, num_chars: int = 40) -> str:
+    """The last ``num_chars`` characters of ``text`` at most, from a word's start: where to look."""
+    text = text.strip()
+    tail = text[-num_chars:]
+    return tail if len(text) <= num_chars or text[-num_chars - 1].isspace() else tail.split(" ", 1)[-1]
 
 
 def _shown(value: Any) -> str:
