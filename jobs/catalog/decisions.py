@@ -123,3 +123,16 @@ def judge_attributes(parsed: Any, finish_reason: Optional[str], listing: Optiona
         copied = any(value == example for example in examples.get(name, []))
         reasons.append(reason("example_value" if copied else "unsupported_value", _shown(value), field=name))
     return Decision("attributes", REVIEW if reasons else AUTO, reasons)
+
+
+def judge(mark: Any, *, is_classification: bool, label: Optional[str] = None, output_text: Optional[str] = None,
+          parsed: Any = None, finish_reason: Optional[str] = None) -> Decision:
+    """The decision on the field a succeeded enrichment job fills, from its mark
+    (:class:`weir.jobs.catalog.marker.Enrichment`) and its result: the one the stored row gets and
+    the one ``weir enrich`` and ``weir results`` report."""
+    if is_classification:
+        return judge_category(label)
+    if mark.field == "attributes":
+        return judge_attributes(parsed, finish_reason, mark.listing, mark.example_values)
+    return judge_description(output_text, mark.listing)
+

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from weir.jobs.catalog.decisions import judge_attributes, judge_category, judge_description
+from weir.jobs.catalog.decisions import judge
 from weir.jobs.catalog.marker import enrichment_of
 from weir.jobs.catalog.quality import description_quality
 from weir.jobs.catalog.tables import ProductEnrichment
@@ -78,15 +78,15 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
         if job.kind == JobKind.CLASSIFY:
             fields = {"category": result.label,
                       "category_confidence": (result.label_probs or {}).get(result.label)}
-            name, decision = "category", judge_category(result.label)
         elif target.field == "attributes":
-            fields, name = {"attributes": result.parsed}, "attributes"
-            decision = judge_attributes(result.parsed, result.finish_reason, target.listing, target.example_values)
+            fields = {"attributes": result.parsed}
         else:
             # the kept stop string may end in a space ("! "); the row holds the sentence alone
             fields = {"description": None if result.output_text is None else result.output_text.strip(),
                       "quality": description_quality(result.output_text)}
-            name, decision = "description", judge_description(result.output_text, target.listing)
+        decision = judge(target, is_classification=job.kind == JobKind.CLASSIFY, label=result.label,
+                         output_text=result.output_text, parsed=result.parsed, finish_reason=result.finish_reason)
+        name = decision.field
         fields[f"{name}_decision"], fields[f"{name}_reasons"] = decision.decision, decision.reasons
         if target.product_fields is not None:
             fields["attributes_wanted"] = "attributes" in target.product_fields
