@@ -136,3 +136,17 @@ def judge(mark: Any, *, is_classification: bool, label: Optional[str] = None, ou
         return judge_attributes(parsed, finish_reason, mark.listing, mark.example_values)
     return judge_description(output_text, mark.listing)
 
+
+def annotate_result(row: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The catalog's annotation of a result row (the ``weir.result_annotations`` entry point
+    ``enrichment``): the decision on the field a succeeded enrichment job fills, as
+    :meth:`Decision.as_dict` gives it; None for any other row."""
+    from weir.jobs.catalog.marker import enrichment_of
+
+    mark = enrichment_of(row)
+    if mark is None or row.get("status") != "succeeded":
+        return None
+    return judge(mark, is_classification=row.get("kind") == "classify", label=row.get("label"),
+                 output_text=row.get("output_text"), parsed=row.get("parsed"),
+                 finish_reason=row.get("finish_reason")).as_dict()
+
