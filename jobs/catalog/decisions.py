@@ -10,8 +10,9 @@ first) or ``reject`` (do not use it), and the reasons as a list of ``{"code", "t
 - description: ``reject`` when :func:`weir.jobs.catalog.quality.description_quality` flags it
   (codes ``empty``, ``unfinished``, ``repetitive`` with the repeated words); else ``review`` when
   it states something its listing does not support
-  (:func:`weir.jobs.catalog.grounding.unsupported_claims`) or there is no listing to check it
-  against (``no_listing``); else ``auto``.
+  (:func:`weir.jobs.catalog.grounding.unsupported_claims`), names neither the product's title nor
+  its brand (``not_about_product``), or there is no listing to check it against
+  (``no_listing``); else ``auto``.
 - attributes: ``reject`` when the extraction was cut by ``max_tokens`` (``cut_by_max_tokens``) or
   gave no object (``no_value``); else ``review`` when a value is the worked example's for that
   field and the listing does not hold it (``example_value``), or the listing does not hold it
@@ -25,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from weir.jobs.catalog.grounding import Evidence, Listing, quantities, reason, unsupported_claims
+from weir.jobs.catalog.grounding import Evidence, Listing, names_the_product, quantities, reason, unsupported_claims
 from weir.jobs.catalog.quality import EMPTY, OK, REPETITIVE, description_quality, repeated_ngram
 
 AUTO = "auto"
@@ -67,6 +68,8 @@ def judge_description(text: Optional[str], listing: Optional[Listing]) -> Decisi
     if listing is None:
         return Decision("description", REVIEW, [reason("no_listing")])
     claims = unsupported_claims(text or "", listing)
+    if not names_the_product(text or "", listing):
+        claims.append(reason("not_about_product"))
     return Decision("description", REVIEW if claims else AUTO, claims)
 
 

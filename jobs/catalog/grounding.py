@@ -17,6 +17,8 @@ listing's text does not is reported as a reason, a short snake_case ``code`` wit
   :data:`COLOURS` the listing's text does not hold.
 - ``unsupported_place``: a word of :data:`PLACES` (countries, nationalities, regions) the listing
   does not hold, wherever it stands.
+- ``unsupported_claim``: a word of :data:`CLAIMS` ("proven", "organic", "immunity") the listing
+  does not hold.
 - ``unsupported_name``: a capitalised word (a brand, a place, a person) inside a sentence, not the
   first word of one, that the listing does not hold and that is not in :data:`COMMON_WORDS`. A
   sentence's first word is not read this way (every sentence starts with a capital); a brand
@@ -82,10 +84,20 @@ for _names, _dimension, _factor in (
 UNITS["percent"] = UNITS["%"]
 """Unit word (case-folded, singular) -> (dimension, factor to the dimension's base unit)."""
 
+CLAIMS = frozenset("""
+antibacterial antiseptic award certified chemical clinically clinical cure detox dermatologically diabetes
+diabetic eco gluten guaranteed hypoallergenic immune immunity natural organic paraben patented preservative proven
+sugar sustainable toxic vegan
+""".split())
+"""Words of a health, safety, origin or certification claim ("clinically proven", "organic",
+"boosts immunity", "paraben-free"), which the listing must make itself."""
+
 COMMON_WORDS = frozenset("""
 a an and are as at be best buy by can day days each enjoy every for from get good great has have home ideal
 in is it its just keep made make new no not now of on or our perfect premium pure quality shop so that the
-their these this those to try use with you your yours i ayurveda ayurvedic diwali holi christmas eid
+their these this those to try use with you your yours i i'm i've we we're it's you're he she they what where
+when why how there here all any more most both also only if but yet while ayurveda ayurvedic diwali holi
+christmas eid
 monday tuesday wednesday thursday friday saturday sunday january february march april may june july
 august september october november december
 """.split())
@@ -280,7 +292,19 @@ def unsupported_claims(text: str, listing: Listing) -> list[dict[str, Any]]:
             add("unsupported_colour", raw)
         elif word in PLACES:
             add("unsupported_place", raw)
+        elif word in CLAIMS:
+            add("unsupported_claim", raw)
         elif (raw[0].isupper() and word not in COMMON_WORDS and word not in CURRENCIES and word not in UNITS
               and not _SENTENCE_START.search(text[:match.start()])):
             add("unsupported_name", raw)
     return reasons
+
+
+def names_the_product(text: str, listing: Listing) -> bool:
+    """Whether ``text`` holds a word of the product's title or brand (of three letters or more,
+    not one of :data:`COMMON_WORDS`): a description that names neither ("Sounds like a wonderful
+    idea!") is about something else."""
+    own = {w for w in words(f"{listing.name} {listing.brand}") if len(w) > 2 and w not in COMMON_WORDS
+           and not w.isdigit()}
+    return not own or bool(own & set(words(text)))
+

@@ -125,3 +125,12 @@ def test_without_a_listing_nothing_is_auto_and_a_category_is():
         "field": "description", "decision": "review", "reasons": [{"code": "no_listing"}]}
     assert judge_attributes({"brand": "X"}, "stop", None).decision == "review"
     assert judge_category("Tea").as_dict() == {"field": "category", "decision": "auto", "reasons": []}
+
+
+def test_a_claim_the_listing_does_not_make_and_a_text_about_something_else_are_reviewed():
+    assert describe("This Sri Sri Ayurveda garlic oil is clinically proven to boost immunity.", GARLIC) == {
+        "field": "description", "decision": "review", "reasons": [
+            {"code": "unsupported_claim", "text": "clinically"}, {"code": "unsupported_claim", "text": "proven"},
+            {"code": "unsupported_claim", "text": "immunity"}]}
+    assert describe("Sounds like a wonderful idea!", GARLIC) == {
+        "field": "description", "decision": "review", "reasons": [{"code": "not_about_product"}]}
