@@ -17,12 +17,15 @@ first) or ``reject`` (do not use it), and the reasons as a list of ``{"code", "t
   gave no object (``no_value``); else ``review`` when a value is the worked example's for that
   field and the listing does not hold it (``example_value``), or the listing does not hold it
   (``unsupported_value``), or there is no listing (``no_listing``); else ``auto``. A value stays
-  stored as the model gave it; a null (the model abstaining) is never a reason. No confidence is
-  stored for enum fields: the extraction job asks for no log-probabilities.
+  stored as the model gave it; a null (the model abstaining) is never a reason. Beside it,
+  :func:`attribute_confidence` stores each value's probability from the sampled tokens'
+  log-probabilities (the extraction asks the engine for them, ``logprobs = 0``).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -152,4 +155,50 @@ def annotate_result(row: dict[str, Any]) -> Optional[dict[str, Any]]:
     return judge(mark, is_classification=row.get("kind") == "classify", label=row.get("label"),
                  output_text=row.get("output_text"), parsed=row.get("parsed"),
                  finish_reason=row.get("finish_reason")).as_dict()
+
+
+def attribute_confidence(parsed: Any, completions: Optional[list[dict[str, Any]]]) -> Optional[dict[str, float]]:
+    """Field -> the probability the model gave the tokens of its value (``exp`` of their summed
+    log-probabilities, 0 to 1, rounded to 4 places), for each non-null value of ``parsed``.
+
+    The engine reports log-probabilities after the grammar's mask (as vLLM does), so for an enum
+    field it is the chosen option's probability against the others the schema allows; for free
+    text, that of the whole value. A token that spans the value's edge (``":"g`` ...) counts.
+
+    Args:
+        parsed: the extraction's object.
+        completions: its job's stored completions; the first one's ``logprobs`` (per token, the
+            sampled one first with its ``decoded_token``) are read.
+
+    Returns:
+        None when there is no object or the job asked for no log-probabilities; a field whose
+        value cannot be found in the decoded tokens is left out.
+    """
+    if not isinstance(parsed, dict) or not completions or not completions[0].get("logprobs"):
+        return None
+    spans, text = [], ""
+    for position in completions[0]["logprobs"]:
+        piece = position[0].get("decoded_token") or ""
+        spans.append((len(text), len(text) + len(piece), position[0]["logprob"]))
+        text += piece
+    decoder = json.JSONDecoder()
+    found: dict[str, float] = {}
+    at = 0
+    for name, value in parsed.items():
+        key = text.find(json.dumps(name, ensure_ascii=False) + ":", at)
+        if key < 0:
+            continue
+        start = key + len(json.dumps(name, ensure_ascii=False)) + 1
+        while start < len(text) and text[start].isspace():
+            start += 1
+        try:
+            _, end = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        at = end
+        if value is None:
+            continue
+        total = sum(logprob for first, last, logprob in spans if first < end and last > start)
+        found[name] = round(math.exp(total), 4)
+    return found
 

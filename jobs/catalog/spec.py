@@ -50,7 +50,7 @@ Layout (every table and key optional)::
     description = "..."       # of fields they know that the field's schema accepts
     values = { brand = "Acme" }   # a field not given is null in the example
     [extract.sampling]        # any SamplingParams field but structured_outputs (the job sets it)
-    temperature = 0.0; max_tokens = 128
+    temperature = 0.0; max_tokens = 128; logprobs = 0
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ EXTRACT_EXAMPLES = (
 )
 """Two unlike products, so that a small model copies values from the listing rather than from the
 examples (BENCHMARKS.md, "Attribute extraction"); each fills only the fields a spec names."""
-EXTRACT_SAMPLING = dict(temperature=0.0, max_tokens=128)
+EXTRACT_SAMPLING = dict(temperature=0.0, max_tokens=128, logprobs=0)
+"""``logprobs = 0``: the sampled tokens' log-probabilities, read as each value's confidence
+(``product_enrichment.attributes_confidence``)."""
 
 
 class SpecError(ValueError):

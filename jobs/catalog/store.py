@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from weir.jobs.catalog.decisions import judge
+from weir.jobs.catalog.decisions import attribute_confidence, judge
 from weir.jobs.catalog.marker import enrichment_of
 from weir.jobs.catalog.quality import description_quality
 from weir.jobs.catalog.tables import ProductEnrichment
@@ -79,7 +79,8 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
             fields = {"category": result.label,
                       "category_confidence": (result.label_probs or {}).get(result.label)}
         elif target.field == "attributes":
-            fields = {"attributes": result.parsed}
+            fields = {"attributes": result.parsed,
+                      "attributes_confidence": attribute_confidence(result.parsed, result.completions)}
         else:
             # the kept stop string may end in a space ("! "); the row holds the sentence alone
             fields = {"description": None if result.output_text is None else result.output_text.strip(),
@@ -115,7 +116,7 @@ _ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "descripti
                  "attributes": "json", "category_fingerprint": "text", "description_fingerprint": "text",
                  "attributes_fingerprint": "text", "category_decision": "text", "category_reasons": "json",
                  "description_decision": "text", "description_reasons": "json", "attributes_decision": "text",
-                 "attributes_reasons": "json", "attributes_wanted": "boolean"}
+                 "attributes_reasons": "json", "attributes_wanted": "boolean", "attributes_confidence": "json"}
 
 
 def enrichment_fingerprints(session: Session, catalog: str) -> dict[str, tuple[Optional[str], ...]]:

@@ -57,6 +57,10 @@ class ProductEnrichment(Base):
     """Each field's decision (:mod:`weir.jobs.catalog.decisions`): ``auto``, ``review`` or
     ``reject``, and its reasons (``[{"code": ..., "text": ...}]``), written with the field; null
     until the field is written by a job of this revision or later."""
+    attributes_confidence: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    """Attribute -> the probability the model gave its value's tokens
+    (:func:`weir.jobs.catalog.decisions.attribute_confidence`); null when the extraction asked for
+    no log-probabilities."""
     attributes_wanted: Mapped[Optional[bool]] = mapped_column(Boolean)
     """Whether the product's job spec asks for attributes (then they must be ``auto`` too for the
     row to be publishable); null when no job said."""

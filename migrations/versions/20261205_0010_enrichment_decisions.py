@@ -1,6 +1,7 @@
 """A decision per enriched field: ``product_enrichment.category_decision``,
 ``description_decision``, ``attributes_decision`` (``auto``, ``review`` or ``reject``), each with its
-``*_reasons`` (JSON: ``[{"code": ..., "text": ...}]``), and ``attributes_wanted`` (the product's job
+``*_reasons`` (JSON: ``[{"code": ..., "text": ...}]``), ``attributes_confidence`` (attribute -> the
+probability of its value's tokens) and ``attributes_wanted`` (the product's job
 spec asks for attributes). The view ``latest_enrichment`` shows them, and its ``publishable``
 becomes: every field the spec asks for is ``auto`` (category and description, and attributes when
 wanted).
@@ -32,7 +33,7 @@ COLUMNS = (
     ("category_decision", sa.String(16)), ("category_reasons", sa.JSON()),
     ("description_decision", sa.String(16)), ("description_reasons", sa.JSON()),
     ("attributes_decision", sa.String(16)), ("attributes_reasons", sa.JSON()),
-    ("attributes_wanted", sa.Boolean()),
+    ("attributes_confidence", sa.JSON()), ("attributes_wanted", sa.Boolean()),
 )
 
 VIEW = (
@@ -41,7 +42,7 @@ VIEW = (
     "COALESCE(category_decision = 'auto', false) AND COALESCE(description_decision = 'auto', false) "
     "AND (COALESCE(attributes_decision = 'auto', false) OR (attributes_decision IS NULL "
     "AND NOT COALESCE(attributes_wanted, false))) AS publishable, "
-    "attributes, attributes_decision, attributes_reasons, model, source_batch_id, source_batch_created_at, "
+    "attributes, attributes_decision, attributes_reasons, attributes_confidence, model, source_batch_id, source_batch_created_at, "
     "updated_at FROM product_enrichment"
 )
 OLD_VIEW = (

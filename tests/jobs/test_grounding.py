@@ -134,3 +134,23 @@ def test_a_claim_the_listing_does_not_make_and_a_text_about_something_else_are_r
             {"code": "unsupported_claim", "text": "immunity"}]}
     assert describe("Sounds like a wonderful idea!", GARLIC) == {
         "field": "description", "decision": "review", "reasons": [{"code": "not_about_product"}]}
+
+
+def position(token, logprob):
+    return [{"token_id": 0, "logprob": logprob, "rank": 1, "decoded_token": token}]
+
+
+def test_each_values_confidence_is_the_probability_of_its_tokens():
+    import math
+
+    from weir.jobs.catalog.decisions import attribute_confidence
+
+    # {"brand": "Tata", "unit": "g", "pack_size": null}, as the tokens came
+    tokens = [('{"', 0.0), ('brand', 0.0), ('":', 0.0), (' "', 0.0), ('T', math.log(0.5)), ('ata', math.log(0.8)),
+              ('",', 0.0), (' "unit', 0.0), ('":', 0.0), (' "g', math.log(0.25)), ('",', 0.0), (' "pack_size', 0.0),
+              ('":', 0.0), (' null', math.log(0.9)), ('}', 0.0)]
+    completions = [{"logprobs": [position(t, lp) for t, lp in tokens]}]
+    parsed = {"brand": "Tata", "unit": "g", "pack_size": None}
+    assert attribute_confidence(parsed, completions) == {"brand": 0.4, "unit": 0.25}
+    assert attribute_confidence(parsed, [{"logprobs": None}]) is None
+    assert attribute_confidence(None, completions) is None
