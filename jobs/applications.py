@@ -17,6 +17,9 @@ so the core imports no application, as Celery finds its extensions and pytest it
 - :data:`TABLES`: a module defining the application's tables on :class:`weir.jobs.db.Base` (the
   catalog's ``product_enrichment``), imported by :func:`load_tables` so that the migrations and
   their check see one metadata;
+- :data:`RESULT_ANNOTATIONS`: a :class:`ResultAnnotation`, asked what the application says about
+  one result row as :meth:`weir.jobs.client.Client.results` gives it (the catalog's decision on
+  the field an enrichment job fills), shown under the row's ``annotations``;
 - :data:`REQUEST_EXTENSIONS`: a pydantic model of the data an application keeps with a job under
   its name in the request's ``extensions`` (the catalog's :class:`~weir.jobs.catalog.marker.Enrichment`),
   checked when the request is (:class:`RequestExtension`).
@@ -39,6 +42,7 @@ TASKS = "weir.tasks"
 BEAT_SCHEDULES = "weir.beat_schedules"
 TABLES = "weir.tables"
 REQUEST_EXTENSIONS = "weir.request_extensions"
+RESULT_ANNOTATIONS = "weir.result_annotations"
 
 
 class ResultProjection(Protocol):
@@ -48,6 +52,15 @@ class ResultProjection(Protocol):
         """Project ``results`` (``(Job, JobResult)`` pairs, each just stored as the job's
         outcome) into the application's tables inside ``session`` (the results' transaction:
         both commit or neither). ``model`` is the worker's model name."""
+
+
+class ResultAnnotation(Protocol):
+    """What an application says about a job's result, for whoever reads results."""
+
+    def __call__(self, row: dict[str, Any]) -> Optional[Any]:
+        """A JSON-serialisable value about ``row`` (a dict of
+        :meth:`weir.jobs.client.Client.results`, without ``annotations``), or None when the row
+        is none of the application's business. Pure: no database, no model."""
 
 
 class PostRunPolicy(Protocol):

@@ -30,7 +30,7 @@ from kombu.utils.url import maybe_sanitize_url
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from sqlalchemy.exc import IntegrityError
 
-from weir.jobs import batches, counters, names, outbox
+from weir.jobs import applications, batches, counters, names, outbox
 from weir.jobs.db import Batch, BatchStatus, Job, engine_for, make_session_factory, utcnow
 from weir.jobs.model_info import PromptChecker
 from weir.jobs.publisher import JobPublisher
@@ -748,14 +748,18 @@ class Client:
         ``num_cached_tokens``, ``error``, ``metadata`` (the request's), ``extensions`` (the
         request's application data by name, e.g. the catalog's ``enrichment``), ``sampling_params`` (a
         generation's sampling fields as stored, engine names, with its ``response_format`` if
-        any; None for a classification). The columns are described in :class:`weir.jobs.db.Job`.
+        any; None for a classification), ``annotations`` (what each application registered under
+        ``weir.result_annotations`` says about the row, by its name, e.g. the catalog's
+        ``enrichment`` decision; ``{}`` when none does). The columns are described in
+        :class:`weir.jobs.db.Job`.
 
         Raises:
             LookupError: no batch has this id (on the first item asked for).
         """
         self.batch_status(batch_id)  # an unknown batch is an error, not an empty result
+        annotators = applications.load_each(applications.RESULT_ANNOTATIONS)
         for job in self.iter_jobs(batch_id, page_size=page_size):
-            yield {
+            row = {
                 "job_id": str(job.id),
                 "custom_id": job.custom_id,
                 "kind": job.kind.value,
@@ -776,6 +780,9 @@ class Client:
                 "extensions": job.request.get("extensions", {}),
                 "sampling_params": _sampling_params(job.request) if job.kind.value == "generate" else None,
             }
+            annotations = {name: annotate(row) for name, annotate in annotators.items()}
+            row["annotations"] = {name: value for name, value in annotations.items() if value is not None}
+            yield row
 
     def cancel(self, batch_id: BatchId) -> BatchProgress:
         """Cancel the batch's queued and running jobs (see :func:`weir.jobs.batches.cancel_batch`).

@@ -21,8 +21,8 @@ CSV_COLUMNS = (
     "error", "metadata",
 )
 """The CSV's header, in order. ``label_probs``, ``parsed`` and ``metadata`` are compact JSON text;
-a null is an empty cell. ``completions`` (all ``n`` samples), ``prompt_logprobs``, ``enrichment``
-and ``sampling_params`` are in JSON Lines only."""
+a null is an empty cell. ``completions`` (all ``n`` samples), ``prompt_logprobs``, ``extensions``,
+``sampling_params`` and ``annotations`` are in JSON Lines only."""
 
 _JSON_COLUMNS = frozenset({"label_probs", "parsed", "metadata"})
 

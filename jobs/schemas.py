@@ -283,6 +283,36 @@ class ResponseFormat(BaseModel):
         return None
 
 
+WHITESPACE_OPTION = "disable_any_whitespace"
+"""The constraint's field (vLLM's ``StructuredOutputsParams`` name) that says whether JSON may hold
+free whitespace between its tokens."""
+
+_JSON_KINDS = ("json", "json_object")
+
+
+def job_constraint(structured_outputs: Optional[dict[str, Any]],
+                   response_format: Optional["ResponseFormat"]) -> Optional[dict[str, Any]]:
+    """The constraint a job's output is compiled under: ``structured_outputs``, or the one
+    ``response_format`` asks for with ``structured_outputs``' whitespace option laid over it.
+
+    A job's JSON (``json`` or ``json_object``) is compact unless the request says otherwise:
+    ``disable_any_whitespace`` is true when the request does not give it (free whitespace costs a
+    small model tokens and says nothing). ``{"disable_any_whitespace": false}`` keeps xgrammar's
+    free whitespace, as the engine's own default (the offline ``LLM``) does. None: no constraint.
+    """
+    constraint = dict(structured_outputs or {})
+    if response_format is not None:
+        asked = response_format.structured_outputs()
+        if asked is None:
+            return None
+        constraint = {**asked, **constraint}
+    if not constraint:
+        return None
+    if any(constraint.get(kind) not in (None, False) for kind in _JSON_KINDS):
+        constraint.setdefault(WHITESPACE_OPTION, True)
+    return constraint
+
+
 # The engine's messages start with the field they refuse ("max_tokens must be ...",
 # "structured_outputs.json is not supported: ..."); a response_format's name its own field instead.
 _RESPONSE_FORMAT_NAMES = {"structured_outputs.json": "response_format.json_schema.schema",
@@ -301,7 +331,9 @@ class GenerateRequest(_JobRequest):
     a list, ``top_k`` 0 when off).
 
     ``response_format`` (OpenAI's shapes, see :class:`ResponseFormat`) is another way to ask for
-    ``structured_outputs``; giving both is refused. A schema, regex or grammar the engine's
+    ``structured_outputs``; giving both is refused, except ``structured_outputs`` holding only
+    ``disable_any_whitespace``. JSON output is compact unless ``disable_any_whitespace`` is false
+    (:func:`job_constraint`); the stored ``structured_outputs`` names the choice. A schema, regex or grammar the engine's
     backend cannot compile is refused here too, naming the field
     (``response_format.json_schema.schema is not supported: ...``).
     """
@@ -332,7 +364,8 @@ class GenerateRequest(_JobRequest):
 
     @model_validator(mode="after")
     def _engine_accepts_sampling_fields(self) -> "GenerateRequest":
-        if self.response_format is not None and self.structured_outputs is not None:
+        if (self.response_format is not None and self.structured_outputs is not None
+                and set(self.structured_outputs) - {WHITESPACE_OPTION}):
             raise _field_error("structured_outputs", self.structured_outputs,
                                "structured_outputs: give response_format or structured_outputs, not both")
         try:
@@ -350,18 +383,23 @@ class GenerateRequest(_JobRequest):
         for name in SAMPLING_FIELDS:
             if name != "structured_outputs":
                 setattr(self, name, getattr(params, name))
-        if self.structured_outputs is not None:
-            self.structured_outputs = params.structured_outputs.to_dict()
+        if self.structured_outputs is not None and self.response_format is None:
+            constraint = params.structured_outputs
+            self.structured_outputs = constraint.to_dict()
+            if constraint.kind in _JSON_KINDS:  # explicit both ways: a stored job reads back the same
+                self.structured_outputs[WHITESPACE_OPTION] = constraint.disable_any_whitespace
             check_json(self.structured_outputs, "structured_outputs")
         return self
 
+    def _engine_fields(self) -> dict[str, Any]:
+        fields = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+        fields["structured_outputs"] = job_constraint(self.structured_outputs, self.response_format)
+        return fields
+
     def sampling_params(self) -> SamplingParams:
         """The engine's ``SamplingParams`` for this request (``response_format`` mapped to
-        ``structured_outputs``)."""
-        fields = {name: getattr(self, name) for name in SAMPLING_FIELDS}
-        if self.response_format is not None:
-            fields["structured_outputs"] = self.response_format.structured_outputs()
-        return SamplingParams(**fields)
+        ``structured_outputs``, JSON compact unless asked otherwise: :func:`job_constraint`)."""
+        return SamplingParams(**self._engine_fields())
 
     def params_with(self, overrides: dict[str, Any]) -> SamplingParams:
         """This request's ``SamplingParams`` with the fields of ``overrides`` replaced: a further run
@@ -370,7 +408,7 @@ class GenerateRequest(_JobRequest):
         Raises:
             TypeError, ValueError: as ``SamplingParams`` does for the merged fields.
         """
-        return SamplingParams(**{**{name: getattr(self, name) for name in SAMPLING_FIELDS}, **overrides})
+        return SamplingParams(**{**self._engine_fields(), **overrides})
 
     def sampling_fields(self) -> dict[str, Any]:
         """The sampling fields by their engine names, as stored (JSON)."""

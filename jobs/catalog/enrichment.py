@@ -25,14 +25,18 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from weir.jobs.catalog.decisions import AUTO, judge
 from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.catalog.extraction import extraction_messages
+from weir.jobs.catalog.grounding import Listing
 from weir.jobs.catalog.marker import EXTENSION, Enrichment, enrichment_of
 from weir.jobs.catalog.quality import OK, description_quality
 from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, GenerateRequest, JobRequest
 from weir.jobs.catalog.spec import OPTIONAL_COLUMNS, JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
+NUM_TOP_REASONS = 3
+"""How many of a field's reason codes ``weir enrich`` prints."""
 
 
 def classify_header(spec: JobSpec) -> str:
@@ -338,13 +342,38 @@ def classify_request(product: Product, catalog: Catalog, exemplars: Optional[lis
         calibration_prompt=classify_prompt(spec, "N/A", shots) if calibrate else None,
         metadata={"product_id": product.product_id},
         extensions={EXTENSION: Enrichment(catalog=catalog_key(catalog), product_id=product.product_id,
-                                          fingerprint=fingerprint)},
+                                          fingerprint=fingerprint, product_fields=product_fields(spec))},
     )
 
 
+def listing_of(product: Product) -> Listing:
+    """The product's own text, the evidence its description and attributes are checked against
+    (:mod:`weir.jobs.catalog.grounding`)."""
+    return Listing(name=product.name, brand=product.brand, description=product.description,
+                   category=product.category)
+
+
+def product_fields(spec: JobSpec) -> list[str]:
+    """The fields a product's jobs fill under ``spec``: category, description[, attributes]."""
+    return ["category", "description"] + (["attributes"] if spec.extract.enabled else [])
+
+
+def example_values(spec: JobSpec) -> dict[str, list[Any]]:
+    """Field -> the distinct non-null values the extraction's worked examples give it."""
+    values: dict[str, list[Any]] = {}
+    for _, _, answer in spec.extract.worked_examples():
+        for name, value in answer.items():
+            if value is not None and value not in values.setdefault(name, []):
+                values[name].append(value)
+    return {name: found for name, found in values.items() if found}
+
+
 def describe_prompt(spec: JobSpec, product: Product) -> str:
-    """The user turn of a description job; lines whose field is empty (no brand) are left out."""
-    fields = {"name": product.name, "brand": product.brand}
+    """The user turn of a description job: the product's title, brand and the first
+    ``describe.description_chars`` characters of its source description (whitespace collapsed);
+    lines whose field is empty (no brand, no description) are left out."""
+    description = " ".join(product.description.split())[:spec.describe.description_chars]
+    fields = {"name": product.name, "brand": product.brand, "description": description}
     lines = [line.format(**fields) for line in spec.describe.user_prompt.split("\n")
              if not any(f"{{{k}}}" in line and not v for k, v in fields.items())]
     return "\n".join(lines) or product.name
@@ -359,7 +388,8 @@ def describe_request(product: Product, spec: JobSpec, catalog: str, fingerprint:
         prompt=describe_prompt(spec, product),
         metadata={"product_id": product.product_id},
         extensions={EXTENSION: Enrichment(catalog=catalog, product_id=product.product_id, fingerprint=fingerprint,
-                                          retry_sampling=spec.describe.retry_sampling or None)},
+                                          retry_sampling=spec.describe.retry_sampling or None,
+                                          listing=listing_of(product), product_fields=product_fields(spec))},
         **spec.describe.sampling,
     )
 
@@ -376,7 +406,9 @@ def extract_request(product: Product, spec: JobSpec, catalog: str, fingerprint: 
         prompt=extraction_messages(extract, spec.domain.shop, product.name, product.description),
         metadata={"product_id": product.product_id},
         extensions={EXTENSION: Enrichment(catalog=catalog, product_id=product.product_id, field="attributes",
-                                          fingerprint=fingerprint)},
+                                          fingerprint=fingerprint, listing=listing_of(product),
+                                          example_values=example_values(spec) or None,
+                                          product_fields=product_fields(spec))},
         structured_outputs={"json": extract.schema, "disable_any_whitespace": True},
         **extract.sampling,
     )
@@ -559,6 +591,13 @@ class EnrichmentSummary:
     """How the model chose categories, one line (:func:`how_categories_are_chosen`)."""
     batch_s: Optional[float] = None
     """From enqueue to the batch's end (the rate's denominator); None: ``wall_s``."""
+    decisions: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    """Field -> decision (``auto``, ``review``, ``reject``) -> how many of the batch's succeeded jobs
+    filling that field got it (:func:`weir.jobs.catalog.decisions.judge`)."""
+    reasons: dict[str, list[tuple[str, int]]] = dataclasses.field(default_factory=dict)
+    """Field -> its reason codes, commonest first, with their counts."""
+    num_publishable: int = 0
+    """Products every field of which (those their spec asks for) is ``auto``."""
 
     @property
     def clean_rate(self) -> Optional[float]:
@@ -593,7 +632,24 @@ class EnrichmentSummary:
                 f"({', '.join(f'{k} {v}' for k, v in sorted(self.description_quality.items())) or 'none'})",
             ] + ([f"attributes:          {self.num_attributes_valid} of {self.num_extracted} extracted valid "
                   f"({self.num_attributes_cut} cut by max_tokens)"] if self.num_extracted else [])
+            + self._decision_lines()
         )
+
+    def _decision_lines(self) -> list[str]:
+        """``decisions <field>: 3 auto, 1 review, 0 reject; top reasons: unsupported_number 1`` per
+        field, then the publishable products."""
+        if not self.decisions:
+            return []
+        lines = []
+        for name in ("category", "description", "attributes"):
+            counts = self.decisions.get(name)
+            if counts is None:
+                continue
+            top = ", ".join(f"{code} {n}" for code, n in self.reasons.get(name, [])[:NUM_TOP_REASONS])
+            lines.append(f"{name + ':':<21}{counts.get('auto', 0)} auto, {counts.get('review', 0)} review, "
+                         f"{counts.get('reject', 0)} reject" + (f"; top reasons: {top}" if top else ""))
+        num_products = len(self.plan.todo) if self.plan is not None else self.num_products
+        return lines + [f"publishable:         {self.num_publishable} of {num_products} products (every field auto)"]
 
 
 def how_categories_are_chosen(spec: JobSpec) -> str:
@@ -660,6 +716,7 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     num_correct = sum(r["label"] == category for r, category in zip(classified, categories))
     majority = Counter(categories).most_common(1)
     rate_s = wall_s if batch_s is None else batch_s
+    decisions, reasons, num_publishable = _decision_counts(results)
     return EnrichmentSummary(
         num_products=len(catalog.products),
         num_succeeded=sum(r["status"] == "succeeded" for r in results),
@@ -684,4 +741,35 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
             catalog, [by_id[str(r["metadata"].get("product_id"))] for r in classified]),
         how_chosen=how_categories_are_chosen(catalog.spec),
         num_failed_products=len({str(r["metadata"].get("product_id")) for r in results if r["status"] != "succeeded"}),
+        decisions=decisions,
+        reasons=reasons,
+        num_publishable=num_publishable,
     )
+
+
+def _decision_counts(results: list[dict[str, Any]]) -> tuple[dict[str, dict[str, int]], dict[str, list[tuple[str, int]]], int]:
+    """Per field, the decisions of the succeeded enrichment jobs among ``results`` and their
+    reason codes (commonest first); and how many products have every wanted field ``auto`` (the
+    fields their marks name, else those seen)."""
+    decisions: dict[str, Counter] = {}
+    reasons: dict[str, Counter] = {}
+    by_product: dict[str, dict[str, str]] = {}
+    wanted: dict[str, set[str]] = {}
+    for r in results:
+        mark = enrichment_of(r)
+        if mark is None:
+            continue
+        product_id = mark.product_id
+        wanted.setdefault(product_id, set()).update(mark.product_fields or [])
+        if r["status"] != "succeeded":
+            continue
+        decision = judge(mark, is_classification=r["kind"] == "classify", label=r.get("label"),
+                         output_text=r.get("output_text"), parsed=r.get("parsed"), finish_reason=r.get("finish_reason"))
+        decisions.setdefault(decision.field, Counter())[decision.decision] += 1
+        reasons.setdefault(decision.field, Counter()).update(reason["code"] for reason in decision.reasons)
+        by_product.setdefault(product_id, {})[decision.field] = decision.decision
+    num_publishable = sum(
+        all(fields.get(name) == AUTO for name in (wanted.get(product_id) or fields))
+        for product_id, fields in by_product.items())
+    return ({name: dict(counts) for name, counts in decisions.items()},
+            {name: counts.most_common() for name, counts in reasons.items()}, num_publishable)

@@ -11,6 +11,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from weir.jobs.catalog.grounding import Listing
+
 EXTENSION = "enrichment"
 """The name the catalog's data has in a request's ``extensions``."""
 
@@ -41,6 +43,17 @@ class Enrichment(BaseModel):
     with these sampling fields replaced and keeps the first clean attempt (else the first); the
     job's token counts include both attempts."""
 
+    listing: Optional[Listing] = None
+    """The product's own text (title, brand, source description, the catalog's category), the
+    evidence a description or an extraction is checked against
+    (:mod:`weir.jobs.catalog.decisions`); without it such a field is never ``auto``."""
+    example_values: Optional[dict[str, list[Any]]] = None
+    """An extraction only: field -> the values the prompt's worked examples give it; a value copied
+    from them that the listing does not hold is never ``auto``."""
+    product_fields: Optional[list[Literal["category", "description", "attributes"]]] = None
+    """The fields the product's jobs fill (the spec's): its row is publishable only when each of
+    them is ``auto``. None: not said (the row keeps what it holds)."""
+
     def check_request(self, request: Any) -> None:
         """Refuse a mark that does not fit its job (``request``: a ``ClassifyRequest`` or
         ``GenerateRequest``).
@@ -53,6 +66,8 @@ class Enrichment(BaseModel):
                 message names the field (``field``, ``retry_sampling``).
         """
         if request.kind == "classify":
+            if self.example_values is not None:
+                raise ValueError("example_values: only an extraction carries them")
             if self.field not in (None, "category"):
                 raise ValueError(f"field: a classification job fills category, not {self.field}")
             return
@@ -67,6 +82,8 @@ class Enrichment(BaseModel):
                 request.params_with(self.retry_sampling)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"retry_sampling: {exc}") from None
+        if self.example_values is not None and self.field != "attributes":
+            raise ValueError("example_values: only an extraction carries them")
         if self.field == "attributes" and not request.wants_json:
             raise ValueError("field: attributes are filled only by a job constrained to JSON "
                              "(response_format json_schema or json_object)")

@@ -29,7 +29,9 @@ Layout (every table and key optional)::
 
     [describe]
     system_prompt = "..."     # {shop}
-    user_prompt = "..."       # {name}, {brand}; a line whose field is empty is left out
+    user_prompt = "..."       # {name}, {brand}, {description} (the source description's first
+                              # description_chars characters); a line whose field is empty is left out
+    description_chars = 400
 
     [describe.sampling]       # any engine SamplingParams field; keys not given keep these
     temperature = 0.0; max_tokens = 96; stop = ["\\n", ". ", "! ", "? "]
@@ -48,7 +50,7 @@ Layout (every table and key optional)::
     description = "..."       # of fields they know that the field's schema accepts
     values = { brand = "Acme" }   # a field not given is null in the example
     [extract.sampling]        # any SamplingParams field but structured_outputs (the job sets it)
-    temperature = 0.0; max_tokens = 128
+    temperature = 0.0; max_tokens = 128; logprobs = 0
 """
 
 from __future__ import annotations
@@ -72,12 +74,14 @@ SPECS_DIR = os.path.join(os.path.dirname(__file__), "specs")
 DESCRIBE_SYSTEM_PROMPT = (
     "You are a copywriter for {shop}. For the product the user names, write exactly one sentence "
     "for its product page. Say what the product is and why a shopper would want it, in a warm, "
-    "factual tone, and mention the brand once. Do not invent prices, sizes, ingredients, "
+    "factual tone, and mention the brand once. Use only the facts of the listing the user gives: "
+    "do not invent prices, numbers, sizes, materials, colours, places, brands, ingredients, "
     "certifications or health claims, do not use lists, emojis or quotation marks, and write "
     "nothing after the sentence."
 )
-DESCRIBE_USER_PROMPT = ("Product: {name}\nBrand: {brand}\n\nWrite one full sentence, not a title, that tells a "
-                        "shopper what this product is and why they would want it.")
+DESCRIBE_USER_PROMPT = ("Product: {name}\nBrand: {brand}\nListing: {description}\n\nWrite one full sentence, not "
+                        "a title, that tells a shopper what this product is and why they would want it, using only "
+                        "facts from the listing.")
 """Chosen by measurement (BENCHMARKS.md, descriptions): asked for "the one-sentence description",
 the model often wrote the product's title back as a heading line, which the line-break stop cut
 unfinished; asking for a full sentence that is not a title, addressed to a shopper, leaves fewer
@@ -107,7 +111,9 @@ EXTRACT_EXAMPLES = (
 )
 """Two unlike products, so that a small model copies values from the listing rather than from the
 examples (BENCHMARKS.md, "Attribute extraction"); each fills only the fields a spec names."""
-EXTRACT_SAMPLING = dict(temperature=0.0, max_tokens=128)
+EXTRACT_SAMPLING = dict(temperature=0.0, max_tokens=128, logprobs=0)
+"""``logprobs = 0``: the sampled tokens' log-probabilities, read as each value's confidence
+(``product_enrichment.attributes_confidence``)."""
 
 
 class SpecError(ValueError):
@@ -194,6 +200,8 @@ def _checked_sampling(label: str, value: Any, defaults: dict[str, Any]) -> dict[
 class Describe(_Table):
     system_prompt: str = DESCRIBE_SYSTEM_PROMPT
     user_prompt: str = DESCRIBE_USER_PROMPT
+    description_chars: int = Field(400, ge=0)
+    """How much of the source description the prompt shows (whitespace collapsed)."""
     sampling: dict[str, Any] = Field(default_factory=lambda: dict(DESCRIBE_SAMPLING))
     """Sampling fields; keys a spec does not give keep :data:`DESCRIBE_SAMPLING`'s."""
     retry_sampling: dict[str, Any] = Field(default_factory=lambda: dict(DESCRIBE_RETRY_SAMPLING))

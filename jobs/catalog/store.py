@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from weir.jobs.catalog.decisions import attribute_confidence, judge
 from weir.jobs.catalog.marker import enrichment_of
 from weir.jobs.catalog.quality import description_quality
 from weir.jobs.catalog.tables import ProductEnrichment
@@ -46,8 +47,9 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     A classification job sets ``category`` and ``category_confidence`` (the label's probability);
     a generation job sets ``description`` and its ``quality``
     (:func:`weir.jobs.catalog.quality.description_quality`), or, marked ``field="attributes"``, sets
-    ``attributes`` to its parsed JSON (null when it did not finish). Fields the job does not produce
-    are left as they are.
+    ``attributes`` to its parsed JSON (null when it did not finish). Each sets its field's decision
+    and reasons (:mod:`weir.jobs.catalog.decisions`) and, when its mark names the product's fields,
+    ``attributes_wanted``. Fields the job does not produce are left as they are.
     A row is written only when the job's batch was created no earlier than the batch that last
     wrote it (``source_batch_created_at``): an older batch's late result never overwrites a newer
     one. Call it in the transaction that stored the results, with only the jobs whose row took
@@ -76,14 +78,19 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
         if job.kind == JobKind.CLASSIFY:
             fields = {"category": result.label,
                       "category_confidence": (result.label_probs or {}).get(result.label)}
-            name = "category"
         elif target.field == "attributes":
-            fields, name = {"attributes": result.parsed}, "attributes"
+            fields = {"attributes": result.parsed,
+                      "attributes_confidence": attribute_confidence(result.parsed, result.completions)}
         else:
             # the kept stop string may end in a space ("! "); the row holds the sentence alone
             fields = {"description": None if result.output_text is None else result.output_text.strip(),
                       "quality": description_quality(result.output_text)}
-            name = "description"
+        decision = judge(target, is_classification=job.kind == JobKind.CLASSIFY, label=result.label,
+                         output_text=result.output_text, parsed=result.parsed, finish_reason=result.finish_reason)
+        name = decision.field
+        fields[f"{name}_decision"], fields[f"{name}_reasons"] = decision.decision, decision.reasons
+        if target.product_fields is not None:
+            fields["attributes_wanted"] = "attributes" in target.product_fields
         if target.fingerprint is not None:
             fields[f"{name}_fingerprint"] = target.fingerprint
         catalog, product_id = enrichment_target(job)
@@ -107,17 +114,22 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
 
 _ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text", "quality": "text",
                  "attributes": "json", "category_fingerprint": "text", "description_fingerprint": "text",
-                 "attributes_fingerprint": "text"}
+                 "attributes_fingerprint": "text", "category_decision": "text", "category_reasons": "json",
+                 "description_decision": "text", "description_reasons": "json", "attributes_decision": "text",
+                 "attributes_reasons": "json", "attributes_wanted": "boolean", "attributes_confidence": "json"}
 
 
 def enrichment_fingerprints(session: Session, catalog: str) -> dict[str, tuple[Optional[str], ...]]:
     """Product id -> (category, description, attributes) fingerprints of ``catalog``'s
-    ``product_enrichment`` rows (None where a field was never written with one)."""
+    ``product_enrichment`` rows (None where a field was never written with one, or has no
+    decision: written before decisions were, so it is enriched again)."""
+    e = ProductEnrichment
     rows = session.execute(select(
-        ProductEnrichment.product_id, ProductEnrichment.category_fingerprint,
-        ProductEnrichment.description_fingerprint, ProductEnrichment.attributes_fingerprint,
-    ).where(ProductEnrichment.catalog == catalog))
-    return {product_id: tuple(fps) for product_id, *fps in rows}
+        e.product_id, e.category_fingerprint, e.description_fingerprint, e.attributes_fingerprint,
+        e.category_decision, e.description_decision, e.attributes_decision,
+    ).where(e.catalog == catalog))
+    return {product_id: tuple(fp if decision is not None else None for fp, decision in zip(rest[:3], rest[3:]))
+            for product_id, *rest in rows}
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Optional
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from weir.jobs.db import Base, utcnow
@@ -48,6 +48,22 @@ class ProductEnrichment(Base):
     """The attribute extraction's answer (the job spec's ``[extract]`` schema: every field, null
     where the listing does not say), valid against that schema; null when the extraction did not
     finish (cut by ``max_tokens``: its job's ``finish_reason`` is ``length``)."""
+    category_decision: Mapped[Optional[str]] = mapped_column(String(16))
+    category_reasons: Mapped[Optional[list[Any]]] = mapped_column(JSON(none_as_null=True))
+    description_decision: Mapped[Optional[str]] = mapped_column(String(16))
+    description_reasons: Mapped[Optional[list[Any]]] = mapped_column(JSON(none_as_null=True))
+    attributes_decision: Mapped[Optional[str]] = mapped_column(String(16))
+    attributes_reasons: Mapped[Optional[list[Any]]] = mapped_column(JSON(none_as_null=True))
+    """Each field's decision (:mod:`weir.jobs.catalog.decisions`): ``auto``, ``review`` or
+    ``reject``, and its reasons (``[{"code": ..., "text": ...}]``), written with the field; null
+    until the field is written by a job of this revision or later."""
+    attributes_confidence: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON(none_as_null=True))
+    """Attribute -> the probability the model gave its value's tokens
+    (:func:`weir.jobs.catalog.decisions.attribute_confidence`); null when the extraction asked for
+    no log-probabilities."""
+    attributes_wanted: Mapped[Optional[bool]] = mapped_column(Boolean)
+    """Whether the product's job spec asks for attributes (then they must be ``auto`` too for the
+    row to be publishable); null when no job said."""
     model: Mapped[str] = mapped_column(String(200))
     source_batch_id: Mapped[Optional[uuid.UUID]] = mapped_column(
         ForeignKey("batches.id", ondelete="SET NULL")

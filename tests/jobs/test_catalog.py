@@ -8,8 +8,9 @@ import dataclasses
 
 from weir.jobs.catalog.enrichment import (
     Catalog, CatalogEncodingError, Product, catalog_requests, classify_header, exemplar_index, label_path, product_requests,
-    read_catalog, read_taxonomy_file, summarize,
+    listing_of, read_catalog, read_taxonomy_file, summarize,
 )
+from weir.jobs.catalog.grounding import Listing
 from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.model_info import PromptChecker
 from weir.jobs.catalog.marker import Enrichment, enrichment_of
@@ -119,7 +120,8 @@ def test_a_catalog_with_only_an_id_a_name_and_a_category(tmp_path):
     assert classify.prompt == ("Products of an online shop and their categories.\n\n"
                                "Product: Black Tea\nCategory: Drinks\n\nProduct: Green Tea\nCategory:")
     assert describe.prompt == ("Product: Green Tea\n\nWrite one full sentence, not a title, that tells a "
-                               "shopper what this product is and why they would want it.")
+                               "shopper what this product is and why they would want it, using only facts from the "
+                               "listing.")
     # a spec may say the catalog has no such column; one column it names and the file has is read
     spec = JobSpec().with_columns(brand="", description="category")
     catalog = read_catalog(str(path), spec)
@@ -216,8 +218,9 @@ def test_zero_shot_jobs_per_product():
     assert classify.system_prompt is None
     assert classify.label_texts == [" Beverages (Tea, Coffee)\n", " Snacks\n"]
     assert classify.engine_calibration_prompt() == header + "Product: N/A\nCategory:"
-    assert describe.prompt == ("Product: Green Tea\nBrand: Leafy\n\nWrite one full sentence, not a title, that "
-                              "tells a shopper what this product is and why they would want it.")
+    assert describe.prompt == ("Product: Green Tea\nBrand: Leafy\nListing: " + "x" * 400 + "\n\nWrite one full "
+                              "sentence, not a title, that tells a shopper what this product is and why they would "
+                              "want it, using only facts from the listing.")
     assert describe.system_prompt == DESCRIBE_SYSTEM_PROMPT.format(shop="a tea shop")
     assert "grocery" not in describe.system_prompt
     assert (describe.temperature, describe.max_tokens) == (0.0, 96)
@@ -226,10 +229,14 @@ def test_zero_shot_jobs_per_product():
         spec.describe.sampling["stop"], True, 1.2)
     assert classify.metadata == describe.metadata == {"product_id": "42"}
     key = os.path.abspath("c.csv")
-    assert enrichment_of(classify) == Enrichment(catalog=key, product_id="42")
-    # a flagged description is written once more with the spec's retry sampling
-    assert enrichment_of(describe) == Enrichment(catalog=key, product_id="42",
-                                             retry_sampling={"repetition_penalty": 1.1, "frequency_penalty": 0.3})
+    fields = ["category", "description"]
+    assert enrichment_of(classify) == Enrichment(catalog=key, product_id="42", product_fields=fields)
+    # a flagged description is written once more with the spec's retry sampling; its listing is
+    # what the description is checked against
+    assert enrichment_of(describe) == Enrichment(
+        catalog=key, product_id="42", retry_sampling={"repetition_penalty": 1.1, "frequency_penalty": 0.3},
+        listing=Listing(name="Green Tea", brand="Leafy", description="x" * 400, category="Beverages"),
+        product_fields=fields)
 
 
 def test_exemplar_jobs_show_the_nearest_labelled_products_never_the_product():
@@ -255,7 +262,7 @@ def test_description_prompt_leaves_out_an_empty_brand():
     catalog = Catalog("c.csv", [], ["x"])
     _, describe = product_requests(Product("7", "Wall Clock", "", "", ""), catalog)
     assert describe.prompt == ("Product: Wall Clock\n\nWrite one full sentence, not a title, that tells a shopper "
-                              "what this product is and why they would want it.")
+                              "what this product is and why they would want it, using only facts from the listing.")
 
 
 def test_describe_system_prompt_has_at_least_60_tokens(tiny_model_dir):
@@ -277,7 +284,10 @@ def test_a_spec_with_extract_fields_adds_an_attribute_job():
     catalog = Catalog("c.csv", [product], ["Beauty"], spec=spec)
     classify, describe, extract = product_requests(product, catalog)
     assert extract.custom_id == "42/attributes"
-    assert enrichment_of(extract) == Enrichment(catalog=os.path.abspath("c.csv"), product_id="42", field="attributes")
+    assert enrichment_of(extract) == Enrichment(
+        catalog=os.path.abspath("c.csv"), product_id="42", field="attributes", listing=listing_of(product),
+        example_values={"brand": ["Acme", "Zorro"], "quantity": [750], "unit": ["ml"], "pack_size": [2]},
+        product_fields=["category", "description", "attributes"])
     assert extract.structured_outputs == {"json": spec.extract.schema, "disable_any_whitespace": True}
     assert extract.wants_json and (extract.temperature, extract.max_tokens) == (0.0, 128)
     system, example, answer, _, _, listing = extract.prompt
@@ -356,3 +366,29 @@ def test_summary_of_nothing():
     summary = summarize(Catalog("c.csv", [], ["x"]), [], wall_s=0.0)
     assert (summary.accuracy, summary.prefix_cache_hit_rate, summary.generated_tokens_per_s) == (None, None, None)
     assert "n/a" in summary.format()
+
+
+def test_summary_counts_decisions_per_field_with_the_top_reasons():
+    catalog = Catalog("c.csv", [Product(p, "Green Tea", "Leafy", "Tea", "") for p in "123"], ["Tea"])
+    listing = {"name": "Green Tea", "brand": "Leafy", "description": "", "category": "Tea"}
+
+    def marked(row, **more):
+        row["extensions"]["enrichment"].update(listing=listing, product_fields=["category", "description"], **more)
+        return row
+
+    results = [marked(result("classify", "succeeded", p, "Tea")) for p in "123"] + [
+        marked(result("generate", "succeeded", "1", text="A fresh Leafy green tea.")),
+        marked(result("generate", "succeeded", "2", text="A fresh green tea from")),
+        marked(result("generate", "succeeded", "3", text="Made in Italy, this tea is 100% pure.")),
+    ]
+    summary = summarize(catalog, results, wall_s=1.0)
+    assert summary.decisions == {"category": {"auto": 3}, "description": {"auto": 1, "reject": 1, "review": 1}}
+    assert summary.reasons == {"category": [], "description": [
+        ("unfinished", 1), ("unsupported_number", 1), ("unsupported_place", 1)]}
+    assert summary.num_publishable == 1
+    assert summary.format().splitlines()[-3:] == [
+        "category:            3 auto, 0 review, 0 reject",
+        "description:         1 auto, 1 review, 1 reject; top reasons: unfinished 1, unsupported_number 1, "
+        "unsupported_place 1",
+        "publishable:         1 of 3 products (every field auto)",
+    ]

@@ -102,8 +102,11 @@ def statuses(payloads):
     return [(p["status"], p["num_jobs"], p["num_succeeded"], p["num_failed"], p["num_cancelled"]) for p in payloads]
 
 
-def enriching(product_id, field=None):
-    return {"catalog": CATALOG, "product_id": product_id, **({"field": field} if field else {})}
+LISTING = {"name": "Green Tea", "brand": "Leafy", "description": "Fresh green tea leaves."}
+
+
+def enriching(product_id, field=None, **more):
+    return {"catalog": CATALOG, "product_id": product_id, **({"field": field} if field else {}), **more}
 
 
 def ok(**fields):
@@ -114,9 +117,10 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
         pg_sessions, listener, reader, conninfo):
     requests = [
         ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p1/category", extensions={"enrichment": enriching("p1")}),
-        GenerateRequest(prompt="p", custom_id="p1/description", extensions={"enrichment": enriching("p1")}),
+        GenerateRequest(prompt="p", custom_id="p1/description",
+                        extensions={"enrichment": enriching("p1", listing=LISTING)}),
         GenerateRequest(prompt="p", custom_id="p1/attributes", response_format={"type": "json_object"},
-                        extensions={"enrichment": enriching("p1", "attributes")}),
+                        extensions={"enrichment": enriching("p1", "attributes", listing=LISTING)}),
         GenerateRequest(prompt="p", custom_id="p2/description", extensions={"enrichment": enriching("p2")}),
         GenerateRequest(prompt="p", custom_id="p3/description", extensions={"enrichment": enriching("p3")}),
         ClassifyRequest(prompt="p", labels=["Tea", "Soap"], custom_id="p4/category", extensions={"enrichment": enriching("p4")}),
@@ -168,12 +172,14 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
     rows = reader.execute("SELECT * FROM latest_enrichment WHERE source_batch_id = %s ORDER BY product_id",
                           (batch_id,)).fetchall()
     updated_at = rows[0][-1]
+    unfinished = [{"code": "unfinished", "text": "Mild soap with"}]
     assert rows == [
-        (CATALOG, "p1", "Tea", 0.75, "Fresh green tea.", "ok", True, {"colour": "green"}, "tiny", batch_id,
-         batch.created_at, updated_at),
-        (CATALOG, "p2", None, None, "Mild soap with", "unfinished", False, None, "tiny", batch_id,
-         batch.created_at, updated_at),
-        (CATALOG, "p4", "Soap", 0.5, None, None, False, None, "tiny", batch_id, batch.created_at, updated_at),
+        (CATALOG, "p1", "Tea", 0.75, "auto", [], "Fresh green tea.", "ok", "auto", [], True, {"colour": "green"},
+         "auto", [], None, "tiny", batch_id, batch.created_at, updated_at),
+        (CATALOG, "p2", None, None, None, None, "Mild soap with", "unfinished", "reject", unfinished, False, None,
+         None, None, None, "tiny", batch_id, batch.created_at, updated_at),
+        (CATALOG, "p4", "Soap", 0.5, "auto", [], None, None, None, None, False, None, None, None, None, "tiny",
+         batch_id, batch.created_at, updated_at),
     ]
     assert reader.execute("SELECT product_id FROM latest_enrichment WHERE source_batch_id = %s AND publishable",
                           (batch_id,)).fetchall() == [("p1",)]

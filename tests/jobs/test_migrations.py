@@ -176,3 +176,39 @@ def test_the_catalog_mark_moves_under_extensions_and_back(empty_url):
         assert requests() == [stored[marked], stored[plain]]
     finally:
         engine.dispose()
+
+
+def test_decisions_join_the_enrichment_rows_and_publishable_needs_them(empty_url):
+    from sqlalchemy import text
+
+    migrations.upgrade(empty_url, "20261205_0009")
+    engine = make_engine(empty_url)
+
+    def read():
+        with engine.begin() as connection:
+            return [tuple(bool(v) if k == "publishable" else v for k, v in row._mapping.items())
+                    for row in connection.execute(text(
+                        "SELECT product_id, publishable FROM latest_enrichment ORDER BY product_id"))]
+
+    try:
+        with engine.begin() as connection:
+            for product_id in ("1", "2"):
+                connection.execute(text(
+                    "INSERT INTO product_enrichment (catalog, product_id, category, description, quality, model, "
+                    "updated_at) VALUES ('/c.csv', :p, 'Tea', 'A tea.', 'ok', 'm', '2026-12-05 00:00:00+00')"),
+                    {"p": product_id})
+        assert read() == [("1", True), ("2", True)]
+        migrations.upgrade(empty_url)
+        assert read() == [("1", False), ("2", False)]  # written before decisions: not publishable
+        with engine.begin() as connection:
+            connection.execute(text(
+                "UPDATE product_enrichment SET category_decision = 'auto', description_decision = 'auto', "
+                "description_reasons = '[]'"))
+            connection.execute(text("UPDATE product_enrichment SET attributes_wanted = true, "
+                                    "attributes_decision = 'review' WHERE product_id = '2'"))
+        assert read() == [("1", True), ("2", False)]
+        migrations.downgrade(empty_url, "20261205_0009")
+        assert read() == [("1", True), ("2", True)]
+        assert "description_decision" not in {c["name"] for c in inspect(engine).get_columns("product_enrichment")}
+    finally:
+        engine.dispose()

@@ -96,7 +96,7 @@ def test_extract_fields_become_a_nullable_required_schema_in_order(tmp_path):
                               "properties": {"size": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
                                              "brand": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
     assert extract.worked_examples() == [("Acme Tea", "d", {"size": None, "brand": "Acme"})]
-    assert extract.sampling == {"temperature": 0.0, "max_tokens": 64}
+    assert extract.sampling == {"temperature": 0.0, "max_tokens": 64, "logprobs": 0}
 
 
 def test_shipped_specs_extract_the_fields_their_truth_has():

@@ -136,6 +136,37 @@ def test_results_prints_every_field_of_each_job_as_json_lines(tmp_path):
         2, "weir results: no batch with id 00000000-0000-0000-0000-000000000000\n")
 
 
+def test_results_show_the_catalogs_decision_on_an_enrichment_job(tmp_path):
+    from weir.jobs.db import JobStatus, make_engine, make_session_factory
+    from weir.jobs.results import JobResult
+    from weir.jobs.schemas import GenerateRequest
+
+    url = f"sqlite:///{tmp_path / 'weir.db'}"
+    migrations.upgrade(url)
+    engine = make_engine(url)
+    session_factory = make_session_factory(engine)
+    mark = {"catalog": "/c.csv", "product_id": "1",
+            "listing": {"name": "Cotton Duvet Cover", "brand": "Spaces", "description": "", "category": "Home"}}
+    requests = [GenerateRequest(prompt="p", custom_id="1/description", extensions={"enrichment": mark}),
+                GenerateRequest(prompt="p", custom_id="plain")]
+    with session_factory.begin() as session:
+        batch, jobs = support.create_batch(session, requests, model="tiny")
+    for job, text in zip(jobs, ["A Spaces duvet cover made with 100% wool.", "Anything."]):
+        with session_factory.begin() as session:
+            claimed = support.claim_job(session, job.id)
+        with session_factory.begin() as session:
+            support.record_result(session, claimed, JobResult(status=JobStatus.SUCCEEDED, output_text=text,
+                                                              finish_reason="stop"))
+    engine.dispose()
+    done = weir("results", str(batch.id), env_overrides={"WEIR_DATABASE_URL": url, "WEIR_MODEL": "/nonexistent/m"})
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [row["annotations"] for row in rows] == [
+        {"enrichment": {"field": "description", "decision": "review", "reasons": [
+            {"code": "unsupported_number", "text": "100%"}, {"code": "unsupported_material", "text": "wool"}]}},
+        {}]
+
+
 def test_batches_lists_the_most_recent_batches_with_status_and_counts(tmp_path):
     import datetime
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from tests.worker.test_faults import wait_until
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from weir.jobs.catalog.tables import ProductEnrichment
 from weir.jobs.db import BatchStatus, Job, JobStatus
@@ -124,6 +124,19 @@ def test_nightly_enrichment_task_enqueues_a_catalog_batch(start_worker, client, 
             select(ProductEnrichment.product_id).where(ProductEnrichment.source_batch_id == batch.id)
             .order_by(ProductEnrichment.product_id)).all()
     assert products == ["1", "2"]
+    # each field's decision is stored with it, and publishable follows them: every field auto
+    with client.session_factory() as session:
+        rows = session.execute(text(
+            "SELECT l.product_id, l.category_decision, l.description_decision, l.attributes_decision, "
+            "p.attributes_wanted, l.publishable FROM latest_enrichment l JOIN product_enrichment p "
+            "USING (catalog, product_id) WHERE l.source_batch_id = :b ORDER BY l.product_id"),
+            {"b": batch.id}).all()
+    assert [r.product_id for r in rows] == ["1", "2"]
+    for row in rows:
+        decisions = (row.category_decision, row.description_decision, row.attributes_decision)
+        assert all(d in ("auto", "review", "reject") for d in decisions), row
+        assert row.attributes_wanted is True
+        assert row.publishable == all(d == "auto" for d in decisions), row
 
 
 def test_a_second_nightly_beat_for_the_same_slot_enqueues_nothing(start_worker, client, tmp_path):

@@ -1,0 +1,204 @@
+"""What may be published unread: a decision per enriched field, with its reasons.
+
+Each field of a product's enrichment gets ``auto`` (publish it), ``review`` (a person reads it
+first) or ``reject`` (do not use it), and the reasons as a list of ``{"code", "text"}`` objects
+(``"field"`` too for an attribute), stored beside the field in ``product_enrichment``
+(``<field>_decision``, ``<field>_reasons``). Deterministic, no model call:
+
+- category: ``auto``; the label is one of the catalog's own, and its probability is stored as
+  ``category_confidence`` for whoever wants a threshold.
+- description: ``reject`` when :func:`weir.jobs.catalog.quality.description_quality` flags it
+  (codes ``empty``, ``unfinished``, ``repetitive`` with the repeated words); else ``review`` when
+  it states something its listing does not support
+  (:func:`weir.jobs.catalog.grounding.unsupported_claims`), names neither the product's title nor
+  its brand (``not_about_product``), or there is no listing to check it against
+  (``no_listing``); else ``auto``.
+- attributes: ``reject`` when the extraction was cut by ``max_tokens`` (``cut_by_max_tokens``) or
+  gave no object (``no_value``); else ``review`` when a value is the worked example's for that
+  field and the listing does not hold it (``example_value``), or the listing does not hold it
+  (``unsupported_value``), or there is no listing (``no_listing``); else ``auto``. A value stays
+  stored as the model gave it; a null (the model abstaining) is never a reason. Beside it,
+  :func:`attribute_confidence` stores each value's probability from the sampled tokens'
+  log-probabilities (the extraction asks the engine for them, ``logprobs = 0``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from weir.jobs.catalog.grounding import Evidence, Listing, names_the_product, quantities, reason, unsupported_claims
+from weir.jobs.catalog.quality import EMPTY, OK, REPETITIVE, description_quality, repeated_ngram
+
+AUTO = "auto"
+REVIEW = "review"
+REJECT = "reject"
+DECISIONS = (AUTO, REVIEW, REJECT)
+"""In order of severity: a field's decision is its worst reason's."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One field's decision and its reasons (empty for ``auto``)."""
+
+    field: str
+    decision: str
+    reasons: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "decision": self.decision, "reasons": self.reasons}
+
+
+def judge_category(label: Optional[str]) -> Decision:
+    """A classification's decision: ``auto`` with a label, ``reject`` (``no_label``) without."""
+    return Decision("category", AUTO) if label else Decision("category", REJECT, [reason("no_label")])
+
+
+def judge_description(text: Optional[str], listing: Optional[Listing]) -> Decision:
+    """A description's decision (see the module's docstring)."""
+    quality = description_quality(text)
+    if quality != OK:
+        reasons = []
+        for flag in quality.split(","):
+            if flag == REPETITIVE:
+                top = repeated_ngram(text or "")
+                reasons.append(reason(flag, top[0] if top else None))
+            else:
+                reasons.append(reason(flag) if flag == EMPTY else reason(flag, _ending(text or "")))
+        return Decision("description", REJECT, reasons)
+    if listing is None:
+        return Decision("description", REVIEW, [reason("no_listing")])
+    claims = unsupported_claims(text or "", listing)
+    if not names_the_product(text or "", listing):
+        claims.append(reason("not_about_product"))
+    return Decision("description", REVIEW if claims else AUTO, claims)
+
+
+def _ending(text: str, num_chars: int = 40) -> str:
+    """The last ``num_chars`` characters of ``text`` at most, from a word's start: where to look."""
+    text = text.strip()
+    tail = text[-num_chars:]
+    return tail if len(text) <= num_chars or text[-num_chars - 1].isspace() else tail.split(" ", 1)[-1]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def _holds(evidence: Evidence, value: Any) -> bool:
+    """Whether the listing holds an extracted value: a number among its numbers, a string whose
+    words it holds together (case, plural), a boolean always (nothing to copy)."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return float(value) in evidence.values
+    if isinstance(value, str):
+        return evidence.supports_phrase(value) or any(
+            q.base is not None and (q.dimension, q.base) in evidence.measures for q in quantities(value))
+    if isinstance(value, list):
+        return all(_holds(evidence, v) for v in value)
+    return False
+
+
+def judge_attributes(parsed: Any, finish_reason: Optional[str], listing: Optional[Listing],
+                     example_values: Optional[dict[str, list[Any]]] = None) -> Decision:
+    """An extraction's decision (see the module's docstring).
+
+    Args:
+        parsed: the extraction's parsed object (None when it did not finish).
+        finish_reason: its job's (``length``: cut by ``max_tokens``).
+        listing: the product's listing; None when the job carried none.
+        example_values: field -> the values the prompt's worked examples give it.
+    """
+    if finish_reason == "length":
+        return Decision("attributes", REJECT, [reason("cut_by_max_tokens")])
+    if not isinstance(parsed, dict):
+        return Decision("attributes", REJECT, [reason("no_value")])
+    if listing is None:
+        return Decision("attributes", REVIEW, [reason("no_listing")])
+    evidence = Evidence.of(listing)
+    examples = example_values or {}
+    reasons = []
+    for name, value in parsed.items():
+        if value is None or _holds(evidence, value):
+            continue
+        copied = any(value == example for example in examples.get(name, []))
+        reasons.append(reason("example_value" if copied else "unsupported_value", _shown(value), field=name))
+    return Decision("attributes", REVIEW if reasons else AUTO, reasons)
+
+
+def judge(mark: Any, *, is_classification: bool, label: Optional[str] = None, output_text: Optional[str] = None,
+          parsed: Any = None, finish_reason: Optional[str] = None) -> Decision:
+    """The decision on the field a succeeded enrichment job fills, from its mark
+    (:class:`weir.jobs.catalog.marker.Enrichment`) and its result: the one the stored row gets and
+    the one ``weir enrich`` and ``weir results`` report."""
+    if is_classification:
+        return judge_category(label)
+    if mark.field == "attributes":
+        return judge_attributes(parsed, finish_reason, mark.listing, mark.example_values)
+    return judge_description(output_text, mark.listing)
+
+
+def annotate_result(row: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The catalog's annotation of a result row (the ``weir.result_annotations`` entry point
+    ``enrichment``): the decision on the field a succeeded enrichment job fills, as
+    :meth:`Decision.as_dict` gives it; None for any other row."""
+    from weir.jobs.catalog.marker import enrichment_of
+
+    mark = enrichment_of(row)
+    if mark is None or row.get("status") != "succeeded":
+        return None
+    return judge(mark, is_classification=row.get("kind") == "classify", label=row.get("label"),
+                 output_text=row.get("output_text"), parsed=row.get("parsed"),
+                 finish_reason=row.get("finish_reason")).as_dict()
+
+
+def attribute_confidence(parsed: Any, completions: Optional[list[dict[str, Any]]]) -> Optional[dict[str, float]]:
+    """Field -> the probability the model gave the tokens of its value (``exp`` of their summed
+    log-probabilities, 0 to 1, rounded to 4 places), for each non-null value of ``parsed``.
+
+    The engine reports log-probabilities after the grammar's mask (as vLLM does), so for an enum
+    field it is the chosen option's probability against the others the schema allows; for free
+    text, that of the whole value. A token that spans the value's edge (``":"g`` ...) counts.
+
+    Args:
+        parsed: the extraction's object.
+        completions: its job's stored completions; the first one's ``logprobs`` (per token, the
+            sampled one first with its ``decoded_token``) are read.
+
+    Returns:
+        None when there is no object or the job asked for no log-probabilities; a field whose
+        value cannot be found in the decoded tokens is left out.
+    """
+    if not isinstance(parsed, dict) or not completions or not completions[0].get("logprobs"):
+        return None
+    spans, text = [], ""
+    for position in completions[0]["logprobs"]:
+        piece = position[0].get("decoded_token") or ""
+        spans.append((len(text), len(text) + len(piece), position[0]["logprob"]))
+        text += piece
+    decoder = json.JSONDecoder()
+    found: dict[str, float] = {}
+    at = 0
+    for name, value in parsed.items():
+        key = text.find(json.dumps(name, ensure_ascii=False) + ":", at)
+        if key < 0:
+            continue
+        start = key + len(json.dumps(name, ensure_ascii=False)) + 1
+        while start < len(text) and text[start].isspace():
+            start += 1
+        try:
+            _, end = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        at = end
+        if value is None:
+            continue
+        total = sum(logprob for first, last, logprob in spans if first < end and last > start)
+        found[name] = round(math.exp(total), 4)
+    return found
+
