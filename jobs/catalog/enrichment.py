@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from weir.jobs.catalog.decisions import AUTO, judge
+from weir.jobs.catalog.decisions import AUTO
 from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.catalog.extraction import extraction_messages
 from weir.jobs.catalog.grounding import Listing
@@ -748,7 +748,8 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
 
 
 def _decision_counts(results: list[dict[str, Any]]) -> tuple[dict[str, dict[str, int]], dict[str, list[tuple[str, int]]], int]:
-    """Per field, the decisions of the succeeded enrichment jobs among ``results`` and their
+    """Per field, the decisions of the succeeded enrichment jobs among ``results`` (rows of
+    :meth:`weir.jobs.client.Client.results`, each with the catalog's annotation) and their
     reason codes (commonest first); and how many products have every wanted field ``auto`` (the
     fields their marks name, else those seen)."""
     decisions: dict[str, Counter] = {}
@@ -763,11 +764,10 @@ def _decision_counts(results: list[dict[str, Any]]) -> tuple[dict[str, dict[str,
         wanted.setdefault(product_id, set()).update(mark.product_fields or [])
         if r["status"] != "succeeded":
             continue
-        decision = judge(mark, is_classification=r["kind"] == "classify", label=r.get("label"),
-                         output_text=r.get("output_text"), parsed=r.get("parsed"), finish_reason=r.get("finish_reason"))
-        decisions.setdefault(decision.field, Counter())[decision.decision] += 1
-        reasons.setdefault(decision.field, Counter()).update(reason["code"] for reason in decision.reasons)
-        by_product.setdefault(product_id, {})[decision.field] = decision.decision
+        decision = r["annotations"][EXTENSION]  # the catalog's annotation: decisions.annotate_result
+        decisions.setdefault(decision["field"], Counter())[decision["decision"]] += 1
+        reasons.setdefault(decision["field"], Counter()).update(reason["code"] for reason in decision["reasons"])
+        by_product.setdefault(product_id, {})[decision["field"]] = decision["decision"]
     num_publishable = sum(
         all(fields.get(name) == AUTO for name in (wanted.get(product_id) or fields))
         for product_id, fields in by_product.items())

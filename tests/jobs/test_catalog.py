@@ -10,6 +10,7 @@ from weir.jobs.catalog.enrichment import (
     Catalog, CatalogEncodingError, Product, catalog_requests, classify_header, exemplar_index, label_path, product_requests,
     listing_of, read_catalog, read_taxonomy_file, summarize,
 )
+from weir.jobs.catalog.decisions import annotate_result
 from weir.jobs.catalog.grounding import Listing
 from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.model_info import PromptChecker
@@ -272,10 +273,19 @@ def test_describe_system_prompt_has_at_least_60_tokens(tiny_model_dir):
 
 def result(kind, status, product_id, label=None, prompt=0, cached=0, completion=0, text=None, field=None,
            parsed=None, finish_reason=None):
-    return {"kind": kind, "status": status, "label": label, "output_text": text, "num_prompt_tokens": prompt,
-            "num_cached_tokens": cached, "num_completion_tokens": completion,
-            "metadata": {"product_id": product_id}, "parsed": parsed, "finish_reason": finish_reason,
-            "extensions": {"enrichment": {"catalog": "c", "product_id": product_id, "field": field}}}
+    """A row as Client.results gives it, with the catalog's annotation."""
+    row = {"kind": kind, "status": status, "label": label, "output_text": text, "num_prompt_tokens": prompt,
+           "num_cached_tokens": cached, "num_completion_tokens": completion,
+           "metadata": {"product_id": product_id}, "parsed": parsed, "finish_reason": finish_reason,
+           "extensions": {"enrichment": {"catalog": "c", "product_id": product_id, "field": field}}}
+    return annotated(row)
+
+
+def annotated(row):
+    """``row`` with ``annotations`` as Client.results computes them from the rest of the row."""
+    annotation = annotate_result(row)
+    row["annotations"] = {} if annotation is None else {"enrichment": annotation}
+    return row
 
 
 def test_a_spec_with_extract_fields_adds_an_attribute_job():
@@ -374,7 +384,7 @@ def test_summary_counts_decisions_per_field_with_the_top_reasons():
 
     def marked(row, **more):
         row["extensions"]["enrichment"].update(listing=listing, product_fields=["category", "description"], **more)
-        return row
+        return annotated(row)
 
     results = [marked(result("classify", "succeeded", p, "Tea")) for p in "123"] + [
         marked(result("generate", "succeeded", "1", text="A fresh Leafy green tea.")),
