@@ -35,8 +35,6 @@ from weir.jobs.catalog.quality import EMPTY, OK, REPETITIVE, description_quality
 AUTO = "auto"
 REVIEW = "review"
 REJECT = "reject"
-DECISIONS = (AUTO, REVIEW, REJECT)
-"""In order of severity: a field's decision is its worst reason's."""
 
 
 @dataclass(frozen=True)
