@@ -9,8 +9,9 @@ prompts, 48 tokens greedy, ``max_num_seqs`` 32, a fresh process per run, timed a
 loop that never sleeps, started before the engine's process and killed after it), once per
 setting of the engine's intra-op threads:
 
-- ``default``: torch's defaults (one intra-op thread per CPU; OpenMP's default wait policy, under
-  which a thread that reaches a barrier first spins for a while before it sleeps);
+- ``default``: the engine's defaults (one intra-op thread per CPU; ``GOMP_SPINCOUNT`` of
+  :mod:`weir.engine.openmp`: a thread that reaches a barrier first spins that long before it sleeps);
+- ``openmp``: OpenMP's own spin (``GOMP_SPINCOUNT=300000``, what torch runs with outside weir);
 - ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (a waiting thread sleeps at once, giving its CPU back);
 - ``1 thread``: ``OMP_NUM_THREADS=1``;
 - any ``NAME=VALUE`` given in ``--settings``: that environment variable (e.g. ``GOMP_SPINCOUNT=10000``:
@@ -33,12 +34,12 @@ from typing import Optional
 
 from bench.feeder import run_offline
 
-SETTINGS = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "1 thread": {"OMP_NUM_THREADS": "1"}}
+SETTINGS = {"default": {}, "openmp": {"GOMP_SPINCOUNT": "300000"}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "1 thread": {"OMP_NUM_THREADS": "1"}}
 BUSY_LOOP = "while True: pass"
 
 
 def run(args: argparse.Namespace) -> int:
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     results: dict[tuple[str, bool], list[dict]] = {}
     reference = None
     for i in range(args.repeat):
@@ -79,7 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--neighbours", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--settings", default=",".join(SETTINGS),
-                    help="comma-separated: default, passive, 1 thread, or NAME=VALUE environment settings")
+                    help="comma-separated: default, openmp, passive, 1 thread, or NAME=VALUE environment settings")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--max-num-seqs", type=int, default=32)

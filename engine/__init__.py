@@ -10,6 +10,10 @@ Public API::
     fut = front.submit_generate(prompt, params)   # -> concurrent.futures.Future[RequestOutput]
 """
 
+from weir.engine.openmp import limit_omp_spinning
+
+limit_omp_spinning()  # before torch loads: GNU OpenMP reads it once (weir.engine.openmp)
+
 from weir.engine.outputs import ClassificationOutput, CompletionOutput, RequestOutput
 from weir.engine.sampling_params import SamplingParams, StructuredOutputsParams
 

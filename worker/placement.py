@@ -16,12 +16,7 @@ consumer, claims, group commit, leases, metrics).
 
 ``OMP_NUM_THREADS``, when set, still caps the engine core's intra-op threads.
 
-The engine core also waits for OpenMP work with a short spin (:func:`limit_omp_spinning`): GNU
-OpenMP's threads spin 300,000 times at each barrier before they sleep, which on a host shared with
-other busy processes burns the time slice a descheduled peer thread needs (``python -m
-bench.neighbours``: the offline engine beside two busy processes on 2 CPUs ran at 0.34-0.42x a fair
-share with the default spin, 0.73-0.77x with ``GOMP_SPINCOUNT`` 3,000-10,000, at 95-100 % of its
-quiet speed with 10,000).
+The engine core waits for OpenMP work with a short spin (:mod:`weir.engine.openmp`).
 """
 
 from __future__ import annotations
@@ -116,21 +111,6 @@ def plan(bind: str, reserved: Optional[int], available: Optional[tuple[int, ...]
                          f"{_format(tuple(outside))} (it may use {_format(available)})")
     job = tuple(c for c in available if c not in engine)
     return Placement(engine, job or None, min(len(engine), cap or len(engine)))
-
-
-OMP_SPINCOUNT = "10000"
-"""``GOMP_SPINCOUNT`` of the engine core process, unless the environment sets it or ``OMP_WAIT_POLICY``."""
-
-
-def limit_omp_spinning(environ=None) -> Optional[str]:
-    """Set ``GOMP_SPINCOUNT`` to :data:`OMP_SPINCOUNT` in ``environ`` (default ``os.environ``) unless
-    it or ``OMP_WAIT_POLICY`` is set there; call it before the engine core process is started (GNU
-    OpenMP reads it when torch loads it). Returns the spin count the engine core will run with
-    (None: OpenMP's own choice, ``OMP_WAIT_POLICY``)."""
-    environ = os.environ if environ is None else environ
-    if "OMP_WAIT_POLICY" in environ:
-        return environ.get("GOMP_SPINCOUNT")
-    return environ.setdefault("GOMP_SPINCOUNT", OMP_SPINCOUNT)
 
 
 def bind_process(cpus: tuple[int, ...]) -> None:

@@ -143,7 +143,8 @@ class WorkerRuntime:
         from weir.engine import LLM, EngineFront
         from weir.engine.core_client import EngineCoreClient
         from weir.worker.metrics import attach
-        from weir.worker.placement import bind_process, limit_omp_spinning, plan
+        from weir.engine.openmp import limit_omp_spinning
+        from weir.worker.placement import bind_process, plan
 
         settings = self.settings.worker
         if settings.metrics_port:

@@ -66,11 +66,22 @@ def test_the_engine_core_process_runs_on_its_cpus_with_its_threads(tmp_path):
 
 
 def test_the_openmp_spin_is_limited_unless_the_environment_chooses():
-    from weir.worker.placement import limit_omp_spinning
+    from weir.engine.openmp import limit_omp_spinning
 
     environ = {}
-    assert limit_omp_spinning(environ) == "10000" and environ == {"GOMP_SPINCOUNT": "10000"}
+    assert limit_omp_spinning(environ) == "3000" and environ == {"GOMP_SPINCOUNT": "3000"}
     environ = {"GOMP_SPINCOUNT": "500"}
     assert limit_omp_spinning(environ) == "500" and environ == {"GOMP_SPINCOUNT": "500"}
     environ = {"OMP_WAIT_POLICY": "ACTIVE"}
     assert limit_omp_spinning(environ) is None and environ == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_the_offline_engine_gets_the_short_spin_before_torch_loads():
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from weir import LLM; LLM; "
+            "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3000", "True"]

@@ -30,7 +30,7 @@ def runtime(slow_model_dir, tmp_path_factory):
 def test_the_engine_core_process_waits_for_openmp_work_with_a_short_spin(runtime):
     with open(f"/proc/{runtime.front.process.pid}/environ", "rb") as f:
         environ = f.read().split(b"\0")
-    assert b"GOMP_SPINCOUNT=10000" in environ
+    assert b"GOMP_SPINCOUNT=3000" in environ
 
 
 def long_job(max_tokens=480):
