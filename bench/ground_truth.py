@@ -10,6 +10,8 @@ import csv
 import re
 from typing import Any, Iterable
 
+from weir.jobs.catalog.grounding import words as grounding_words
+
 TRUTH_FIELDS = {
     "flipkart": {"brand": "Brand", "type": "Type", "color": "Color", "material": "Material",
                  "ideal_for": "Ideal For", "model_name": "Model Name", "pack_of": "Pack of"},
@@ -61,7 +63,8 @@ def normalise(value: Any) -> str:
 
 
 def values_match(pred: Any, truth: str) -> bool:
-    """Equal after :func:`normalise` (numbers as numbers), or one holds the other as whole words."""
+    """Equal after :func:`normalise` (numbers as numbers), or one holds the other as whole words
+    (case, plural and possessive aside: "Baby Girl's" holds "Baby Girls")."""
     p, t = normalise(pred), normalise(truth)
     if not p:
         return False
@@ -71,6 +74,7 @@ def values_match(pred: Any, truth: str) -> bool:
         pass
     if p == t:
         return True
-    words = lambda s: f" {re.sub(r'[^0-9a-z]+', ' ', s).strip()} "  # noqa: E731
+    def words(text: str) -> str:  # "Girl's" = "girls" = "girl" (weir.jobs.catalog.grounding.words)
+        return f" {' '.join(grounding_words(text))} "
     wp, wt = words(p), words(t)
     return wp.strip() != "" and wt.strip() != "" and (wp in wt or wt in wp)

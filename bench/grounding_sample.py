@@ -139,11 +139,13 @@ def attribute_figures(rows: list[dict[str, Any]], catalog_name: str) -> dict[str
     from weir.jobs.catalog.enrichment import example_values
     from weir.jobs.catalog.spec import load_spec
 
-    examples = example_values(load_spec(catalog_name))
+    spec = load_spec(catalog_name)
+    examples = example_values(spec)
     out: dict[str, Counter] = {name: Counter() for name in TRUTH_FIELDS[catalog_name]}
     for row in rows:
         parsed = row.get("attributes")
-        decision = judge_attributes(parsed, row.get("attributes_finish_reason"), listing(row), examples)
+        decision = judge_attributes(parsed, row.get("attributes_finish_reason"), listing(row), examples,
+                                    spec.extract.evidence)
         flagged = {r.get("field") for r in decision.reasons}
         for name, c in out.items():
             value = parsed.get(name) if isinstance(parsed, dict) else None

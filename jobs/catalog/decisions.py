@@ -16,7 +16,9 @@ first) or ``reject`` (do not use it), and the reasons as a list of ``{"code", "t
 - attributes: ``reject`` when the extraction was cut by ``max_tokens`` (``cut_by_max_tokens``) or
   gave no object (``no_value``); else ``review`` when a value is the worked example's for that
   field and the listing does not hold it (``example_value``), or the listing does not hold it
-  (``unsupported_value``), or there is no listing (``no_listing``); else ``auto``. A value stays
+  (``unsupported_value``), or it is not what its field's evidence kind (the spec's
+  ``[extract.evidence]``, :data:`EVIDENCE_KINDS`) accepts, or there is no listing
+  (``no_listing``); else ``auto``. A value stays
   stored as the model gave it; a null (the model abstaining) is never a reason. Beside it,
   :func:`attribute_confidence` stores each value's probability from the sampled tokens'
   log-probabilities (the extraction asks the engine for them, ``logprobs = 0``).
@@ -26,11 +28,34 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from weir.jobs.catalog.grounding import Evidence, Listing, names_the_product, quantities, reason, unsupported_claims
+from weir.jobs.catalog.grounding import (AUDIENCES, COLOUR_VALUES, CONNECTIVES, MATERIALS, Evidence, Listing,
+                                        names_the_product, quantities, reason, unsupported_claims, words)
 from weir.jobs.catalog.quality import EMPTY, OK, REPETITIVE, description_quality, repeated_ngram
+
+EVIDENCE_KINDS = {
+    "listing": "the listing holds the value (its words together, case and plural aside; a number among its numbers)",
+    "brand": "the listing's own brand, where it has one, agrees (one holds the other's words): else "
+             "``differs_from_listing``; without one, as ``listing``",
+    "colour": "every word is a colour (:data:`weir.jobs.catalog.grounding.COLOUR_VALUES`), else "
+              "``outside_vocabulary``, and the listing holds each",
+    "material": "every word is a material (:data:`weir.jobs.catalog.grounding.MATERIALS`), else "
+                "``outside_vocabulary``, and the listing holds each",
+    "audience": "every word names people (:data:`weir.jobs.catalog.grounding.AUDIENCES`), else "
+                "``outside_vocabulary``, and the listing holds each",
+    "count": "the listing states the number as a count (\"pack of 2\", \"set of 6\", \"3 pcs\"), else "
+             "``unsupported_count``",
+    "none": "nothing in a listing shows the value right (a model code, a free-form type): always "
+            "``review`` (``unverifiable``)",
+}
+"""What shows an extracted value right, per evidence kind (the spec's ``[extract.evidence]``)."""
+
+VOCABULARIES = {"colour": COLOUR_VALUES, "material": MATERIALS, "audience": AUDIENCES}
+
+_COUNT = r"(?:pack|set|combo|box|pair|bundle)\s+of\s+{n}\b|\b{n}\s*-?\s*(?:pcs|pc|pieces?|packs?|pairs?|units?|count)\b"
 
 AUTO = "auto"
 REVIEW = "review"
@@ -102,8 +127,30 @@ def _holds(evidence: Evidence, value: Any) -> bool:
     return False
 
 
+def _value_reason(kind: str, evidence: Evidence, listing: Listing, value: Any) -> Optional[str]:
+    """None when ``value`` passes its field's evidence kind (:data:`EVIDENCE_KINDS`), else the code."""
+    if kind == "none":
+        return "unverifiable"
+    if kind == "brand" and listing.brand.strip() and isinstance(value, str):
+        own, said = " ".join(words(listing.brand)), " ".join(words(value))
+        agree = bool(own and said) and (f" {said} " in f" {own} " or f" {own} " in f" {said} ")
+        return None if agree else "differs_from_listing"
+    if kind == "count":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+            return "unsupported_count"
+        pattern = _COUNT.format(n=int(value))
+        return None if re.search(pattern, listing.text, re.IGNORECASE) else "unsupported_count"
+    if kind in VOCABULARIES and isinstance(value, str):
+        said = [w for w in words(value) if w not in CONNECTIVES]
+        if not said or any(w not in VOCABULARIES[kind] for w in said):
+            return "outside_vocabulary"
+        return None if all(w in evidence.words for w in said) else "unsupported_value"
+    return None if _holds(evidence, value) else "unsupported_value"
+
+
 def judge_attributes(parsed: Any, finish_reason: Optional[str], listing: Optional[Listing],
-                     example_values: Optional[dict[str, list[Any]]] = None) -> Decision:
+                     example_values: Optional[dict[str, list[Any]]] = None,
+                     field_evidence: Optional[dict[str, str]] = None) -> Decision:
     """An extraction's decision (see the module's docstring).
 
     Args:
@@ -111,6 +158,7 @@ def judge_attributes(parsed: Any, finish_reason: Optional[str], listing: Optiona
         finish_reason: its job's (``length``: cut by ``max_tokens``).
         listing: the product's listing; None when the job carried none.
         example_values: field -> the values the prompt's worked examples give it.
+        field_evidence: field -> its evidence kind (:data:`EVIDENCE_KINDS`; not named: ``listing``).
     """
     if finish_reason == "length":
         return Decision("attributes", REJECT, [reason("cut_by_max_tokens")])
@@ -121,11 +169,16 @@ def judge_attributes(parsed: Any, finish_reason: Optional[str], listing: Optiona
     evidence = Evidence.of(listing)
     examples = example_values or {}
     reasons = []
+    kinds = field_evidence or {}
     for name, value in parsed.items():
-        if value is None or _holds(evidence, value):
+        if value is None:
             continue
-        copied = any(value == example for example in examples.get(name, []))
-        reasons.append(reason("example_value" if copied else "unsupported_value", _shown(value), field=name))
+        code = _value_reason(kinds.get(name, "listing"), evidence, listing, value)
+        if code is None:
+            continue
+        if code == "unsupported_value" and any(value == example for example in examples.get(name, [])):
+            code = "example_value"
+        reasons.append(reason(code, _shown(value), field=name))
     return Decision("attributes", REVIEW if reasons else AUTO, reasons)
 
 
@@ -137,7 +190,7 @@ def judge(mark: Any, *, is_classification: bool, label: Optional[str] = None, ou
     if is_classification:
         return judge_category(label)
     if mark.field == "attributes":
-        return judge_attributes(parsed, finish_reason, mark.listing, mark.example_values)
+        return judge_attributes(parsed, finish_reason, mark.listing, mark.example_values, mark.field_evidence)
     return judge_description(output_text, mark.listing)
 
 

@@ -408,6 +408,7 @@ def extract_request(product: Product, spec: JobSpec, catalog: str, fingerprint: 
         extensions={EXTENSION: Enrichment(catalog=catalog, product_id=product.product_id, field="attributes",
                                           fingerprint=fingerprint, listing=listing_of(product),
                                           example_values=example_values(spec) or None,
+                                          field_evidence=extract.evidence or None,
                                           product_fields=product_fields(spec))},
         structured_outputs={"json": extract.schema, "disable_any_whitespace": True},
         **extract.sampling,

@@ -52,6 +52,21 @@ multicolor multicolour multicoloured mustard navy olive peach pink purple red te
 """Colour words. Words that are more often something else in a shop's listings (cream, orange,
 lime, gold, silver, rose, chocolate, coffee, wine) are left out: "orange juice" is no colour."""
 
+COLOUR_VALUES = COLOURS | frozenset("""
+assorted clear copper cream dark gold light multi orange rose silver transparent
+""".split())
+"""Words an extracted colour value may hold: :data:`COLOURS` and those a colour field can only
+mean as a colour ("Gold", "Silver", "Orange", "Assorted")."""
+
+AUDIENCES = frozenset("""
+adult babies baby boy child children couple female gent girl infant junior kid ladies lady male man men
+newborn senior teen teenager toddler unisex woman women
+""".split())
+"""Words an extracted audience value ("Ideal For": "Men", "Baby Girls", "Boys, Girls") may hold."""
+
+CONNECTIVES = frozenset("and or with".split())
+"""Words that join a value's words ("Men and Women", "Cotton with Polyester")."""
+
 PLACES = frozenset("""
 africa african america american asia asian australia australian bangladesh belgian belgium brazil brazilian
 britain british canada canadian ceylon china chinese dutch egypt egyptian england english europe european
@@ -111,6 +126,7 @@ _QUANTITY = re.compile(
     rf"(?P<pre>[{_SYMBOLS}]|\b(?:rs|inr|usd|gbp|eur)\b\.?)?\s*(?P<num>{_NUMBER})(?:\s*(?P<unit>%|[^\W\d_]+\b))?",
     re.IGNORECASE | re.UNICODE)
 _CURRENCY_WORD = re.compile(rf"[{_SYMBOLS}]|\b[^\W\d_]+\b", re.UNICODE)
+_POSSESSIVE = re.compile(r"['’]s$", re.IGNORECASE)
 _SENTENCE_START = re.compile(r"(?:^|[.!?]\s+|\n\s*)$")
 
 
@@ -146,8 +162,9 @@ def singular(word: str) -> str:
 
 
 def words(text: str) -> list[str]:
-    """The words of ``text``, case-folded and singular (:func:`singular`); hyphenated words are split."""
-    return [singular(w) for w in _TOKEN.findall(text)]
+    """The words of ``text``, case-folded and singular (:func:`singular`), a possessive's "'s"
+    dropped ("Girl's" -> "girl"); hyphenated words are split."""
+    return [singular(_POSSESSIVE.sub("", w)) for w in _TOKEN.findall(text)]
 
 
 def _number(text: str) -> Optional[float]:

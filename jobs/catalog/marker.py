@@ -50,6 +50,10 @@ class Enrichment(BaseModel):
     example_values: Optional[dict[str, list[Any]]] = None
     """An extraction only: field -> the values the prompt's worked examples give it; a value copied
     from them that the listing does not hold is never ``auto``."""
+    field_evidence: Optional[dict[str, Literal["listing", "brand", "colour", "material", "audience", "count",
+                                               "none"]]] = None
+    """An extraction only: field -> what shows its value right (the spec's ``[extract.evidence]``;
+    :func:`weir.jobs.catalog.decisions.judge_attributes`); a field not named: ``listing``."""
     product_fields: Optional[list[Literal["category", "description", "attributes"]]] = None
     """The fields the product's jobs fill (the spec's): its row is publishable only when each of
     them is ``auto``. None: not said (the row keeps what it holds)."""
@@ -66,8 +70,9 @@ class Enrichment(BaseModel):
                 message names the field (``field``, ``retry_sampling``).
         """
         if request.kind == "classify":
-            if self.example_values is not None:
-                raise ValueError("example_values: only an extraction carries them")
+            for name in ("example_values", "field_evidence"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only an extraction carries them")
             if self.field not in (None, "category"):
                 raise ValueError(f"field: a classification job fills category, not {self.field}")
             return
@@ -82,8 +87,9 @@ class Enrichment(BaseModel):
                 request.params_with(self.retry_sampling)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"retry_sampling: {exc}") from None
-        if self.example_values is not None and self.field != "attributes":
-            raise ValueError("example_values: only an extraction carries them")
+        for name in ("example_values", "field_evidence"):
+            if getattr(self, name) is not None and self.field != "attributes":
+                raise ValueError(f"{name}: only an extraction carries them")
         if self.field == "attributes" and not request.wants_json:
             raise ValueError("field: attributes are filled only by a job constrained to JSON "
                              "(response_format json_schema or json_object)")

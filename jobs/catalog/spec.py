@@ -49,6 +49,9 @@ Layout (every table and key optional)::
     name = "..."              # default: two general ones (a bottle, a shirt), keeping the values
     description = "..."       # of fields they know that the field's schema accepts
     values = { brand = "Acme" }   # a field not given is null in the example
+    [extract.evidence]        # field = what shows its value right (weir.jobs.catalog.decisions):
+    brand = "brand"           # "listing" (the default), "brand", "colour", "material", "audience",
+                              # "count" or "none" (nothing does: always review)
     [extract.sampling]        # any SamplingParams field but structured_outputs (the job sets it)
     temperature = 0.0; max_tokens = 128; logprobs = 0
 """
@@ -123,6 +126,10 @@ class SpecError(ValueError):
 OPTIONAL_COLUMNS = ("brand", "description")
 """The :class:`Columns` fields a catalog may lack: a product without them is named by its id and
 name alone, and prompts leave out the lines they would fill."""
+
+
+EvidenceKind = Literal["listing", "brand", "colour", "material", "audience", "count", "none"]
+"""What shows an extracted value right (:func:`weir.jobs.catalog.decisions.judge_attributes`)."""
 
 
 class _Table(BaseModel):
@@ -233,6 +240,9 @@ class Extract(_Table):
     examples: list[dict[str, Any]] = Field(default_factory=list)
     """``{"name", "description", "values"}`` each; empty: :data:`EXTRACT_EXAMPLES`."""
     sampling: dict[str, Any] = Field(default_factory=lambda: dict(EXTRACT_SAMPLING))
+    evidence: dict[str, EvidenceKind] = Field(default_factory=dict)
+    """Field name -> what shows its value right (:data:`weir.jobs.catalog.decisions.EVIDENCE_KINDS`);
+    a field not named: ``listing``."""
 
     @field_validator("sampling", mode="before")
     @classmethod
@@ -296,6 +306,9 @@ class Extract(_Table):
             check(StructuredOutputsParams(json=self.schema))
         except ValueError as exc:
             raise ValueError(f"[extract.fields] {exc}") from None
+        stray = sorted(set(self.evidence) - set(self.fields))
+        if stray:
+            raise ValueError(f"[extract.evidence] {stray[0]!r} is not one of [extract.fields]")
         for i, example in enumerate(self.examples):
             stray = sorted(set(example["values"]) - set(self.fields))
             if stray:
@@ -399,6 +412,8 @@ def _spec_error(where: str, error: dict[str, Any]) -> SpecError:
         return SpecError(f"{where}: [{table}] has unknown key {key!r} (known: {', '.join(model.model_fields)})")
     if key is None:  # the table itself: model_type (not a table)
         return SpecError(f"{where}: [{table}] must be a table, got {value!r}")
+    if kind == "literal_error" and len(loc) > 2:  # a value of a table of choices: [extract.evidence]
+        return SpecError(f"{where}: [{table}.{key}] {loc[2]} must be one of {error['ctx']['expected']}, got {value!r}")
     if kind == "literal_error":
         choices = typing.get_args(model.model_fields[key].annotation)
         return SpecError(f"{where}: [{table}] {key} must be one of {', '.join(choices)}, got {value!r}")

@@ -154,3 +154,57 @@ def test_each_values_confidence_is_the_probability_of_its_tokens():
     assert attribute_confidence(parsed, completions) == {"brand": 0.4, "unit": 0.25}
     assert attribute_confidence(parsed, [{"logprobs": None}]) is None
     assert attribute_confidence(None, completions) is None
+
+
+LEGGINGS = Listing(name="Zero Baby Girl's Grey Leggings", brand="Zero",
+                   description="Specifications of Zero Baby Girl's Leggings (Pack of 3) Fabric Cotton Ideal For Baby Girl's",
+                   category="Clothing")
+KINDS = {"brand": "brand", "type": "none", "color": "colour", "material": "material", "ideal_for": "audience",
+         "pack_of": "count"}
+
+
+def attributes(values):
+    return judge_attributes(values, "stop", LEGGINGS, None, KINDS).as_dict()
+
+
+def test_values_that_pass_their_fields_evidence_kind_are_auto():
+    assert attributes({"brand": "Zero", "type": None, "color": "Grey", "material": "Cotton",
+                       "ideal_for": "Baby Girls", "pack_of": 3}) == {
+        "field": "attributes", "decision": "auto", "reasons": []}
+
+
+def test_a_title_phrase_in_a_field_of_another_kind_is_reviewed():
+    assert attributes({"brand": "Leggings", "type": "Leggings", "color": "Baby Girl", "material": "Grey",
+                       "ideal_for": "Leggings", "pack_of": 1}) == {
+        "field": "attributes", "decision": "review", "reasons": [
+            {"code": "differs_from_listing", "field": "brand", "text": "Leggings"},
+            {"code": "unverifiable", "field": "type", "text": "Leggings"},
+            {"code": "outside_vocabulary", "field": "color", "text": "Baby Girl"},
+            {"code": "outside_vocabulary", "field": "material", "text": "Grey"},
+            {"code": "outside_vocabulary", "field": "ideal_for", "text": "Leggings"},
+            {"code": "unsupported_count", "field": "pack_of", "text": "1"}]}
+
+
+def test_a_vocabulary_value_the_listing_does_not_hold_is_unsupported_and_an_example_one_says_so():
+    assert judge_attributes({"color": "Blue", "material": "Silk", "ideal_for": "Men"}, "stop", LEGGINGS,
+                            {"color": ["Blue"]}, KINDS).as_dict()["reasons"] == [
+        {"code": "example_value", "field": "color", "text": "Blue"},
+        {"code": "unsupported_value", "field": "material", "text": "Silk"},
+        {"code": "unsupported_value", "field": "ideal_for", "text": "Men"}]
+
+
+def test_a_brand_is_checked_against_the_listings_own_brand_only_when_it_has_one():
+    no_brand = Listing(name="Zero Baby Girl's Grey Leggings", category="Clothing")
+    assert judge_attributes({"brand": "Zero Baby"}, "stop", no_brand, None, KINDS).decision == "auto"
+    assert judge_attributes({"brand": "Zero Baby"}, "stop", LEGGINGS, None, KINDS).decision == "auto"
+    assert judge_attributes({"brand": "Baby"}, "stop", LEGGINGS, None, KINDS).decision == "review"
+    assert judge_attributes({"brand": "Baby"}, "stop", no_brand, None, KINDS).decision == "auto"
+
+
+@pytest.mark.parametrize("text, count, ok", [
+    ("Pack of 3", 3, True), ("set of 6 napkins", 6, True), ("2 pcs", 2, True), ("10-pack", 10, True),
+    ("Pack of 3", 2, False), ("13 pcs", 3, False), ("3 kg", 3, False), ("Pack of 3", True, False)])
+def test_a_count_must_be_stated_as_a_count(text, count, ok):
+    listing = Listing(name="Napkins", description=text)
+    decision = judge_attributes({"pack_of": count}, "stop", listing, None, {"pack_of": "count"}).decision
+    assert decision == ("auto" if ok else "review")

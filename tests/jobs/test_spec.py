@@ -136,3 +136,14 @@ def test_enrich_help_names_the_shipped_specs():
     enrich = build_parser()._subparsers._group_actions[0].choices["enrich"]
     spec_help = next(a.help for a in enrich._actions if "--spec" in a.option_strings)
     assert spec_help.startswith("job spec (TOML file, or a shipped spec: bigbasket, flipkart); ")
+
+
+def test_extract_evidence_names_a_kind_per_field_of_the_spec():
+    spec = parse_spec({"extract": {"fields": {"color": {"type": "string"}, "pack_of": {"type": "integer"}},
+                                   "evidence": {"color": "colour", "pack_of": "count"}}})
+    assert spec.extract.evidence == {"color": "colour", "pack_of": "count"}
+    with pytest.raises(SpecError, match=r"\[extract.evidence\] 'size' is not one of \[extract.fields\]"):
+        parse_spec({"extract": {"fields": {"color": {"type": "string"}}, "evidence": {"size": "count"}}})
+    with pytest.raises(SpecError, match="colour"):
+        parse_spec({"extract": {"fields": {"color": {"type": "string"}}, "evidence": {"color": "hue"}}})
+    assert load_spec("flipkart").extract.evidence["pack_of"] == "count"
