@@ -1,8 +1,8 @@
 """The labelled sample behind the publish decision's figures: descriptions and extractions of 100
 products per shipped catalog, each description marked by hand supported or unsupported.
 
-    python -m bench.grounding_sample generate [--catalogs bigbasket,flipkart] [--num 100]
-    python -m bench.grounding_sample report   [--catalogs bigbasket,flipkart]
+    python -m bench.grounding_sample generate [--catalogs bigbasket,flipkart] [--num 100] [--part tuning]
+    python -m bench.grounding_sample report   [--catalogs bigbasket,flipkart] [--part tuning]
 
 ``generate`` draws ``--num`` products (seed 25) from the second half of each catalog file (the
 rows no prompt, exemplar or threshold was tuned on), writes each one's description and attribute
@@ -13,8 +13,12 @@ product in ``tests/data/grounding/<catalog>.jsonl``: the listing (``name``, ``br
 ``category``, ``source_description``), ``description`` and its ``description_finish_reason``,
 ``attributes_text`` / ``attributes`` / ``attributes_finish_reason``, ``truth`` (the catalog's own
 ground truth per extracted field: Flipkart's ``product_specifications``, BigBasket's ``brand``
-column; :mod:`bench.ground_truth`), and the hand label fields ``label`` (null until labelled)
-and ``unsupported`` (the description's phrases the listing does not support).
+column; :mod:`bench.ground_truth`), and the hand labels: ``readers``, one
+``{"label", "unsupported"}`` per reader (each read the listings and descriptions alone, never the
+checker's code; ``unsupported`` lists the description's phrases the listing does not support),
+and ``label``, ``unsupported`` when any reader found an unsupported claim (null until labelled). ``--part tuning``
+draws as many from the first half of each file instead, into ``tests/data/grounding/tuning/``:
+the rows the grounding check's rules were tuned on, kept apart from the sample they are judged on.
 
 The labelling rule: a description is ``unsupported`` when it states any checkable fact the
 listing (title, brand, category, source description) does not: a product type, material or
@@ -47,13 +51,14 @@ SAMPLE_DIR = os.path.join(REPO_ROOT, "tests", "data", "grounding")
 SEED = 25
 
 
-def sample_path(catalog: str) -> str:
-    return os.path.join(SAMPLE_DIR, f"{catalog}.jsonl")
+def sample_path(catalog: str, part: str = "sample") -> str:
+    return os.path.join(SAMPLE_DIR, *(["tuning"] if part == "tuning" else []), f"{catalog}.jsonl")
 
 
-def read_sample(catalog: str) -> list[dict[str, Any]]:
-    """The stored sample of ``catalog`` (``bigbasket`` or ``flipkart``), one dict per product."""
-    with open(sample_path(catalog), encoding="utf-8") as f:
+def read_sample(catalog: str, part: str = "sample") -> list[dict[str, Any]]:
+    """The stored sample of ``catalog`` (``bigbasket`` or ``flipkart``), one dict per product
+    (``part="tuning"``: the tuning rows)."""
+    with open(sample_path(catalog, part), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -64,7 +69,7 @@ def listing(row: dict[str, Any]):
                    category=row["category"])
 
 
-def generate(catalog_name: str, num: int) -> None:
+def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     from weir.engine import LLM
     from weir.jobs.catalog.enrichment import catalog_key, describe_request, extract_request, read_catalog
     from weir.jobs.catalog.quality import description_quality, OK, pick_description
@@ -73,7 +78,8 @@ def generate(catalog_name: str, num: int) -> None:
     spec = load_spec(catalog_name)
     path = os.path.join(DATA, FILES[catalog_name])
     catalog = read_catalog(path, spec)
-    half = catalog.products[len(catalog.products) // 2:]
+    middle = len(catalog.products) // 2
+    half = catalog.products[:middle] if part == "tuning" else catalog.products[middle:]
     products = random.Random(SEED).sample(half, num)
     key = catalog_key(catalog)
     truth = read_truth(path, spec.columns.id, TRUTH_FIELDS[catalog_name], [p.product_id for p in products])
@@ -94,8 +100,9 @@ def generate(catalog_name: str, num: int) -> None:
     extracted = [o.outputs[0] for o in llm.generate([llm.encode_prompt(r.engine_prompt()) for r in extract],
                                                     [r.sampling_params() for r in extract])] if extract else []
     fields = TRUTH_FIELDS[catalog_name]
-    os.makedirs(SAMPLE_DIR, exist_ok=True)
-    with open(sample_path(catalog_name), "w", encoding="utf-8") as f:
+    path = sample_path(catalog_name, part)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
         for i, p in enumerate(products):
             row = dict(product_id=p.product_id, name=p.name, brand=p.brand, category=p.category,
                        source_description=p.description, description=final[i].text,
@@ -109,9 +116,9 @@ def generate(catalog_name: str, num: int) -> None:
                 facts = truth.get(p.product_id, {})
                 row.update(attributes_text=c.text, attributes=parsed, attributes_finish_reason=c.finish_reason,
                            truth={name: facts[where] for name, where in fields.items() if where in facts})
-            row.update(label=None, unsupported=[])
+            row.update(readers=[], label=None)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"{catalog_name}: {len(products)} products -> {sample_path(catalog_name)}")
+    print(f"{catalog_name}: {len(products)} products -> {path}")
 
 
 def description_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -170,8 +177,8 @@ def _share(a: int, b: int) -> str:
     return f"{100 * a / b:5.1f} %" if b else "    –  "
 
 
-def report(catalog_name: str) -> None:
-    rows = read_sample(catalog_name)
+def report(catalog_name: str, part: str = "sample") -> None:
+    rows = read_sample(catalog_name, part)
     d = description_figures(rows)
     labelled = d["auto"] - d["unlabelled"]
     print(f"{catalog_name}: {len(rows)} descriptions  auto {d['auto']}  review {d['review']}  reject {d['reject']}  "
@@ -191,9 +198,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("command", choices=["generate", "report"])
     ap.add_argument("--catalogs", default="bigbasket,flipkart")
     ap.add_argument("--num", type=int, default=100)
+    ap.add_argument("--part", choices=["sample", "tuning"], default="sample")
     args = ap.parse_args(argv)
     for name in args.catalogs.split(","):
-        generate(name, args.num) if args.command == "generate" else report(name)
+        generate(name, args.num, args.part) if args.command == "generate" else report(name, args.part)
     return 0
 
 

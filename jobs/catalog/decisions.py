@@ -5,8 +5,9 @@ first) or ``reject`` (do not use it), and the reasons as a list of ``{"code", "t
 (``"field"`` too for an attribute), stored beside the field in ``product_enrichment``
 (``<field>_decision``, ``<field>_reasons``). Deterministic, no model call:
 
-- category: ``auto``; the label is one of the catalog's own, and its probability is stored as
-  ``category_confidence`` for whoever wants a threshold.
+- category: ``reject`` without a label (``no_label``); ``review`` when its probability (stored as
+  ``category_confidence``) is below the spec's ``[classify] review_below`` (``low_confidence``,
+  with the probability); else ``auto``.
 - description: ``reject`` when :func:`weir.jobs.catalog.quality.description_quality` flags it
   (codes ``empty``, ``unfinished``, ``repetitive`` with the repeated words); else ``review`` when
   it states something its listing does not support
@@ -74,9 +75,16 @@ class Decision:
         return {"field": self.field, "decision": self.decision, "reasons": self.reasons}
 
 
-def judge_category(label: Optional[str]) -> Decision:
-    """A classification's decision: ``auto`` with a label, ``reject`` (``no_label``) without."""
-    return Decision("category", AUTO) if label else Decision("category", REJECT, [reason("no_label")])
+def judge_category(label: Optional[str], probability: Optional[float] = None,
+                   review_below: Optional[float] = None) -> Decision:
+    """A classification's decision: ``reject`` (``no_label``) without a label; ``review``
+    (``low_confidence``) when ``probability`` (the label's, 0 to 1) is below ``review_below``;
+    else ``auto``."""
+    if not label:
+        return Decision("category", REJECT, [reason("no_label")])
+    if review_below and probability is not None and probability < review_below:
+        return Decision("category", REVIEW, [reason("low_confidence", f"{probability:.2f}")])
+    return Decision("category", AUTO)
 
 
 def judge_description(text: Optional[str], listing: Optional[Listing]) -> Decision:
@@ -183,12 +191,13 @@ def judge_attributes(parsed: Any, finish_reason: Optional[str], listing: Optiona
 
 
 def judge(mark: Any, *, is_classification: bool, label: Optional[str] = None, output_text: Optional[str] = None,
-          parsed: Any = None, finish_reason: Optional[str] = None) -> Decision:
+          parsed: Any = None, finish_reason: Optional[str] = None,
+          label_probs: Optional[dict[str, float]] = None) -> Decision:
     """The decision on the field a succeeded enrichment job fills, from its mark
     (:class:`weir.jobs.catalog.marker.Enrichment`) and its result: the one the stored row gets and
     the one ``weir enrich`` and ``weir results`` report."""
     if is_classification:
-        return judge_category(label)
+        return judge_category(label, (label_probs or {}).get(label), mark.review_below)
     if mark.field == "attributes":
         return judge_attributes(parsed, finish_reason, mark.listing, mark.example_values, mark.field_evidence)
     return judge_description(output_text, mark.listing)
@@ -205,7 +214,7 @@ def annotate_result(row: dict[str, Any]) -> Optional[dict[str, Any]]:
         return None
     return judge(mark, is_classification=row.get("kind") == "classify", label=row.get("label"),
                  output_text=row.get("output_text"), parsed=row.get("parsed"),
-                 finish_reason=row.get("finish_reason")).as_dict()
+                 finish_reason=row.get("finish_reason"), label_probs=row.get("label_probs")).as_dict()
 
 
 def attribute_confidence(parsed: Any, completions: Optional[list[dict[str, Any]]]) -> Optional[dict[str, float]]:

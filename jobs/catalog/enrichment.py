@@ -342,7 +342,8 @@ def classify_request(product: Product, catalog: Catalog, exemplars: Optional[lis
         calibration_prompt=classify_prompt(spec, "N/A", shots) if calibrate else None,
         metadata={"product_id": product.product_id},
         extensions={EXTENSION: Enrichment(catalog=catalog_key(catalog), product_id=product.product_id,
-                                          fingerprint=fingerprint, product_fields=product_fields(spec))},
+                                          fingerprint=fingerprint, product_fields=product_fields(spec),
+                                          review_below=spec.classify.review_below or None)},
     )
 
 

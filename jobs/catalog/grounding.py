@@ -119,6 +119,35 @@ august september october november december
 """Capitalised words that name no brand or place (a title-cased word inside a sentence, festivals,
 days, months); compared case-folded."""
 
+GENERIC_WORDS = frozenset("""
+about above across add added adding addition after again against ahead allow along already always amazing
+among another anyone anything appeal around attractive available away awesome back balance beautiful
+beautifully because become been before being better between beyond big bring bringing brings brilliant
+built busy came care carefully carry case certain chance change choice choose chosen classic clean come comes
+comfort comfortable complete completely convenient could craft crafted create created creating day daily
+delicious delight delightful deliver delivers design designed designs detail details different does doing
+done down durable during ease easily easy effortless effortlessly elegant elegance else enhance enhances
+enough ensure ensures entire entirely essential even ever everyday everyone everything excellent exceptional
+exclusive experience exquisite extra eye family fantastic favourite favorite feature featuring features feel
+feeling few find fine finest finish first fit fits flavour flavor flavorful flavourful friend friends fun
+functional gift give gives giving go goes going gorgeous grand happy healthy help helps high highest hold
+holds ideal important impress include includes including indulge indulgent innovative inside instantly into
+item just keeps kind know large last lasting latest life lifestyle light like little live long look looking
+looks lot love lovely loved luxurious luxury maintain make makes making many matter may meal meals meet
+might modern moment moments much must need needs neat nice occasion occasions offer offered offering offers
+one ones option options other out outstanding over own part particular people perfect perfectly personal
+piece place pleasure plus popular possible practical preference price product products proper provide
+provides providing purpose quick quickly range ready real really refined reliable remarkable rich right
+same satisfy satisfying see seeking selection sense set several shape should show simple simply since
+sleek small smart smooth solution some something special specially stand standard stay stunning style
+stylish such superb superior sure surface take taste tasty than them then thing things think through time
+timeless times together top touch treat trendy truly trust turn two ultimate under unique unmatched
+unparalleled up upon us used useful user using value variety various versatile very want way ways
+well when whether which who whole why will wish without wonderful work works world would year
+""".split())
+"""Words a description may use without its listing: praise, generic verbs and nouns ("offers",
+"perfect", "stylish", "experience"). Written from general English, not from any catalog."""
+
 _TOKEN = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+", re.UNICODE)  # "500g": "500", "g"
 _SYMBOLS = "₹£$€¥"
 _NUMBER = r"\d+(?:[.,]\d+)*"
@@ -315,6 +344,28 @@ def unsupported_claims(text: str, listing: Listing) -> list[dict[str, Any]]:
               and not _SENTENCE_START.search(text[:match.start()])):
             add("unsupported_name", raw)
     return reasons
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ed", "ly", "er", "est", "ness", "ful", "ive", "al", "y", "e"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[:-len(suffix)]
+    return word
+
+
+def unlisted_words(text: str, listing: Listing) -> list[str]:
+    """The content words of ``text`` its listing does not hold, in order, each once: words of three
+    letters or more that are neither the listing's (case, plural and a common suffix aside:
+    "designed" = "design") nor :data:`COMMON_WORDS`, :data:`GENERIC_WORDS`, units or currencies."""
+    own = set(words(listing.text))
+    stems = {_stem(w) for w in own}
+    found: list[str] = []
+    for word in words(text):
+        if (len(word) < 3 or word.isdigit() or word in own or _stem(word) in stems or word in COMMON_WORDS
+                or word in GENERIC_WORDS or word in UNITS or word in CURRENCIES or word in found):
+            continue
+        found.append(word)
+    return found
 
 
 def names_the_product(text: str, listing: Listing) -> bool:

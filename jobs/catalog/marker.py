@@ -54,6 +54,9 @@ class Enrichment(BaseModel):
                                                "none"]]] = None
     """An extraction only: field -> what shows its value right (the spec's ``[extract.evidence]``;
     :func:`weir.jobs.catalog.decisions.judge_attributes`); a field not named: ``listing``."""
+    review_below: Optional[float] = Field(None, ge=0.0, le=1.0)
+    """A classification only: its category is ``review`` (``low_confidence``) when the label's
+    probability is below this (the spec's ``[classify] review_below``)."""
     product_fields: Optional[list[Literal["category", "description", "attributes"]]] = None
     """The fields the product's jobs fill (the spec's): its row is publishable only when each of
     them is ``auto``. None: not said (the row keeps what it holds)."""
@@ -73,6 +76,8 @@ class Enrichment(BaseModel):
             for name in ("example_values", "field_evidence"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: only an extraction carries them")
+        elif self.review_below is not None:
+            raise ValueError("review_below: only a classification carries it")
             if self.field not in (None, "category"):
                 raise ValueError(f"field: a classification job fills category, not {self.field}")
             return

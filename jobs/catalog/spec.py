@@ -26,6 +26,7 @@ Layout (every table and key optional)::
                               # "zero_shot": the label with its hints, calibrated against "N/A"
     num_exemplars = 4
     header = "Products of {shop} and their categories."
+    review_below = 0.0        # a category whose probability is below this is review (0: never)
 
     [describe]
     system_prompt = "..."     # {shop}
@@ -173,6 +174,8 @@ class Classify(_Table):
     method: Literal["exemplars", "zero_shot"] = "exemplars"
     num_exemplars: int = Field(4, ge=1)
     header: str = CLASSIFY_HEADER
+    review_below: float = Field(0.0, ge=0.0, le=1.0)
+    """A category whose probability is below this is ``review`` (``low_confidence``); 0: never."""
 
 
 DESCRIBE_RETRY_SAMPLING = dict(repetition_penalty=1.1, frequency_penalty=0.3)

@@ -86,7 +86,8 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
             fields = {"description": None if result.output_text is None else result.output_text.strip(),
                       "quality": description_quality(result.output_text)}
         decision = judge(target, is_classification=job.kind == JobKind.CLASSIFY, label=result.label,
-                         output_text=result.output_text, parsed=result.parsed, finish_reason=result.finish_reason)
+                         output_text=result.output_text, parsed=result.parsed, finish_reason=result.finish_reason,
+                         label_probs=result.label_probs)
         name = decision.field
         fields[f"{name}_decision"], fields[f"{name}_reasons"] = decision.decision, decision.reasons
         if target.product_fields is not None:

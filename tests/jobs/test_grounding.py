@@ -208,3 +208,29 @@ def test_a_count_must_be_stated_as_a_count(text, count, ok):
     listing = Listing(name="Napkins", description=text)
     decision = judge_attributes({"pack_of": count}, "stop", listing, None, {"pack_of": "count"}).decision
     assert decision == ("auto" if ok else "review")
+
+
+def test_a_category_below_the_specs_probability_is_reviewed():
+    assert judge_category("Tea", 0.99, 0.995).as_dict() == {
+        "field": "category", "decision": "review", "reasons": [{"code": "low_confidence", "text": "0.99"}]}
+    assert judge_category("Tea", 0.995, 0.995).decision == "auto"
+    assert judge_category("Tea", 0.2, None).decision == "auto"
+    assert judge_category("Tea", None, 0.995).decision == "auto"  # no probability stored: nothing to compare
+    assert judge_category(None, 0.99, 0.5).decision == "reject"
+
+
+def test_the_classification_job_carries_its_specs_review_threshold(tmp_path):
+    from weir.jobs.catalog.decisions import judge
+    from weir.jobs.catalog.enrichment import catalog_requests, read_catalog
+    from weir.jobs.catalog.marker import enrichment_of
+    from weir.jobs.catalog.spec import parse_spec
+
+    path = tmp_path / "c.csv"
+    path.write_text("index,product,category,brand,description\r\n1,Green Tea,Tea,Tetley,d\r\n2,Black Tea,Tea,Tata,d\r\n")
+    request = catalog_requests(read_catalog(str(path), parse_spec({"classify": {"review_below": 0.9}})))[0]
+    mark = enrichment_of(request)
+    assert request.kind == "classify" and mark.review_below == 0.9
+    assert judge(mark, is_classification=True, label="Tea", label_probs={"Tea": 0.8}).decision == "review"
+    assert judge(mark, is_classification=True, label="Tea", label_probs={"Tea": 0.95}).decision == "auto"
+    default = catalog_requests(read_catalog(str(path), parse_spec({})))[0]
+    assert enrichment_of(default).review_below is None
