@@ -12,7 +12,8 @@ first) or ``reject`` (do not use it), and the reasons as a list of ``{"code", "t
   (codes ``empty``, ``unfinished``, ``repetitive`` with the repeated words); else ``review`` when
   it states something its listing does not support
   (:func:`weir.jobs.catalog.grounding.unsupported_claims`), names neither the product's title nor
-  its brand (``not_about_product``), or there is no listing to check it against
+  its brand (``not_about_product``), uses more than :data:`MAX_UNLISTED_WORDS` content word its
+  listing does not hold (``unlisted_words``, the first five shown), or there is no listing to check it against
   (``no_listing``); else ``auto``.
 - attributes: ``reject`` when the extraction was cut by ``max_tokens`` (``cut_by_max_tokens``) or
   gave no object (``no_value``); else ``review`` when a value is the worked example's for that
@@ -34,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from weir.jobs.catalog.grounding import (AUDIENCES, COLOUR_VALUES, CONNECTIVES, MATERIALS, Evidence, Listing,
-                                        names_the_product, quantities, reason, unsupported_claims, words)
+                                        names_the_product, quantities, reason, unlisted_words, unsupported_claims,
+                                        words)
 from weir.jobs.catalog.quality import EMPTY, OK, REPETITIVE, description_quality, repeated_ngram
 
 EVIDENCE_KINDS = {
@@ -57,6 +59,15 @@ EVIDENCE_KINDS = {
 VOCABULARIES = {"colour": COLOUR_VALUES, "material": MATERIALS, "audience": AUDIENCES}
 
 _COUNT = r"(?:pack|set|combo|box|pair|bundle)\s+of\s+{n}\b|\b{n}\s*-?\s*(?:pcs|pc|pieces?|packs?|pairs?|units?|count)\b"
+
+MAX_UNLISTED_WORDS = 1
+"""A description using more content words its listing does not hold than this
+(:func:`weir.jobs.catalog.grounding.unlisted_words`) is ``review`` (``unlisted_words``): the
+free-form inventions no word list names ("made entirely from pure onion seeds"). Chosen on the
+tuning descriptions (``tests/data/grounding/tuning``): at 1, none of the 15 ``auto`` ones held an
+unsupported claim; at 2, 2 of 20 did."""
+
+MAX_SHOWN_WORDS = 5
 
 AUTO = "auto"
 REVIEW = "review"
@@ -104,6 +115,10 @@ def judge_description(text: Optional[str], listing: Optional[Listing]) -> Decisi
     claims = unsupported_claims(text or "", listing)
     if not names_the_product(text or "", listing):
         claims.append(reason("not_about_product"))
+    flagged = {w for claim in claims for w in words(claim.get("text", ""))}
+    unlisted = [w for w in unlisted_words(text or "", listing) if w not in flagged]
+    if len(unlisted) > MAX_UNLISTED_WORDS:
+        claims.append(reason("unlisted_words", ", ".join(unlisted[:MAX_SHOWN_WORDS])))
     return Decision("description", REVIEW if claims else AUTO, claims)
 
 

@@ -464,8 +464,12 @@ def catalog_requests(catalog: Catalog, plan: Optional["EnrichmentPlan"] = None) 
 
 
 def spec_version(spec: JobSpec) -> str:
-    """A hash of everything in ``spec`` that shapes the jobs (its file's path left out), hex."""
+    """A hash of everything in ``spec`` that shapes the jobs' outputs, hex: its file's path and
+    what only the decisions read (``[classify] review_below``, ``[extract.evidence]``) left out, so
+    that changing those re-enriches nothing (rows keep the decision made when they were stored)."""
     fields = spec.model_copy(update={"path": None}).model_dump()
+    fields["classify"].pop("review_below")
+    fields["extract"].pop("evidence")
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

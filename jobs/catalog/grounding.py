@@ -144,9 +144,15 @@ stylish such superb superior sure surface take taste tasty than them then thing 
 timeless times together top touch treat trendy truly trust turn two ultimate under unique unmatched
 unparalleled up upon us used useful user using value variety various versatile very want way ways
 well when whether which who whole why will wish without wonderful work works world would year
+aesthetic always beauty celebrate close combined convenience customer customers dream durability easier
+end enjoying expectation extraordinary fabulous featured highly humble landscape leave leaving legendary
+living longevity often precious reach referring reliability require restore routine sought specifically
+still task texture toward towards transformed within worry worrying
+was were did had his her him off per via whose whom ours theirs itself yourself
 """.split())
 """Words a description may use without its listing: praise, generic verbs and nouns ("offers",
-"perfect", "stylish", "experience"). Written from general English, not from any catalog."""
+"perfect", "stylish", "experience"): general English, and the generic words of the tuning
+descriptions' supported texts (``tests/data/grounding/tuning``, never the labelled sample)."""
 
 _TOKEN = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+", re.UNICODE)  # "500g": "500", "g"
 _SYMBOLS = "₹£$€¥"

@@ -76,13 +76,13 @@ class Enrichment(BaseModel):
             for name in ("example_values", "field_evidence"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: only an extraction carries them")
-        elif self.review_below is not None:
-            raise ValueError("review_below: only a classification carries it")
             if self.field not in (None, "category"):
                 raise ValueError(f"field: a classification job fills category, not {self.field}")
             return
         if self.field == "category":
             raise ValueError("field: a generation job fills description or attributes, not category")
+        if self.review_below is not None:
+            raise ValueError("review_below: only a classification carries it")
         if self.retry_sampling is not None:
             if self.field not in (None, "description"):
                 raise ValueError("retry_sampling: only a description job is retried")

@@ -297,6 +297,7 @@ def test_a_spec_with_extract_fields_adds_an_attribute_job():
     assert enrichment_of(extract) == Enrichment(
         catalog=os.path.abspath("c.csv"), product_id="42", field="attributes", listing=listing_of(product),
         example_values={"brand": ["Acme", "Zorro"], "quantity": [750], "unit": ["ml"], "pack_size": [2]},
+        field_evidence={"brand": "brand", "pack_size": "count"},
         product_fields=["category", "description", "attributes"])
     assert extract.structured_outputs == {"json": spec.extract.schema, "disable_any_whitespace": True}
     assert extract.wants_json and (extract.temperature, extract.max_tokens) == (0.0, 128)

@@ -133,7 +133,8 @@ def test_a_claim_the_listing_does_not_make_and_a_text_about_something_else_are_r
             {"code": "unsupported_claim", "text": "clinically"}, {"code": "unsupported_claim", "text": "proven"},
             {"code": "unsupported_claim", "text": "immunity"}]}
     assert describe("Sounds like a wonderful idea!", GARLIC) == {
-        "field": "description", "decision": "review", "reasons": [{"code": "not_about_product"}]}
+        "field": "description", "decision": "review", "reasons": [
+            {"code": "not_about_product"}, {"code": "unlisted_words", "text": "sound, idea"}]}
 
 
 def position(token, logprob):
@@ -234,3 +235,19 @@ def test_the_classification_job_carries_its_specs_review_threshold(tmp_path):
     assert judge(mark, is_classification=True, label="Tea", label_probs={"Tea": 0.95}).decision == "auto"
     default = catalog_requests(read_catalog(str(path), parse_spec({})))[0]
     assert enrichment_of(default).review_below is None
+
+
+def test_content_words_the_listing_does_not_hold_are_found_case_plural_and_suffix_aside():
+    from weir.jobs.catalog.grounding import unlisted_words
+
+    assert unlisted_words("The stylish Toor Dals offer a perfect, protein-rich meal every day.", DAL) == []
+    assert unlisted_words("Tata Sampann toor dal, made entirely from pure onion seeds.", DAL) == ["onion", "seed"]
+    assert unlisted_words("This Spaces duvet cover, designed with zips, was sold in 2 cities.", DUVET) == [
+        "sold", "city"]
+
+
+def test_more_than_one_unlisted_word_sends_a_description_to_review():
+    assert describe("The Tata Sampann toor dal, a perfect protein-rich meal.", DAL)["decision"] == "auto"
+    assert describe("The Tata Sampann toor dal, a perfect snack.", DAL)["decision"] == "auto"  # one word
+    assert describe("The Tata Sampann toor dal, a perfect snack for hikers.", DAL) == {
+        "field": "description", "decision": "review", "reasons": [{"code": "unlisted_words", "text": "snack, hiker"}]}

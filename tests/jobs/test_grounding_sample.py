@@ -1,0 +1,78 @@
+"""The publish decision on the labelled sample (``tests/data/grounding``: 100 products per shipped
+catalog from the files' second halves, described and extracted by SmolLM2-135M-Instruct as the
+catalog job does, each description labelled by two readers who never saw the checker; see
+:mod:`bench.grounding_sample`). The decisions are recomputed from the stored texts, so a change to
+the grounding check, the decisions or the specs' evidence kinds shows here as changed counts.
+
+``auto_unsupported``: descriptions decided ``auto`` that a reader found an unsupported claim in
+(precision of auto = 1 - auto_unsupported / auto). Per extracted field: values given, values
+``auto``, auto values whose field the catalog's truth holds, those equal to it, and nulls where the
+truth lacks the field."""
+
+import pytest
+
+from bench.grounding_sample import attribute_figures, description_figures, read_sample
+
+DESCRIPTIONS = {'bigbasket': {'auto': 3, 'review': 92, 'reject': 5, 'auto_unsupported': 0, 'unlabelled': 0},
+ 'flipkart': {'auto': 1, 'review': 96, 'reject': 3, 'auto_unsupported': 1, 'unlabelled': 0}}
+
+ATTRIBUTES = {'bigbasket': {'brand': {'values': 100,
+                         'auto': 15,
+                         'auto_with_truth': 15,
+                         'auto_correct': 15,
+                         'truth_absent': 0,
+                         'null_where_absent': 0}},
+ 'flipkart': {'brand': {'values': 100,
+                        'auto': 90,
+                        'auto_with_truth': 49,
+                        'auto_correct': 49,
+                        'truth_absent': 45,
+                        'null_where_absent': 0},
+              'type': {'values': 100,
+                       'auto': 0,
+                       'auto_with_truth': 0,
+                       'auto_correct': 0,
+                       'truth_absent': 22,
+                       'null_where_absent': 0},
+              'color': {'values': 100,
+                        'auto': 27,
+                        'auto_with_truth': 16,
+                        'auto_correct': 14,
+                        'truth_absent': 53,
+                        'null_where_absent': 0},
+              'material': {'values': 100,
+                           'auto': 18,
+                           'auto_with_truth': 6,
+                           'auto_correct': 6,
+                           'truth_absent': 72,
+                           'null_where_absent': 0},
+              'ideal_for': {'values': 100,
+                            'auto': 27,
+                            'auto_with_truth': 27,
+                            'auto_correct': 25,
+                            'truth_absent': 43,
+                            'null_where_absent': 0},
+              'model_name': {'values': 100,
+                             'auto': 0,
+                             'auto_with_truth': 0,
+                             'auto_correct': 0,
+                             'truth_absent': 64,
+                             'null_where_absent': 0},
+              'pack_of': {'values': 99,
+                          'auto': 17,
+                          'auto_with_truth': 2,
+                          'auto_correct': 2,
+                          'truth_absent': 89,
+                          'null_where_absent': 1}}}
+
+
+@pytest.mark.parametrize("catalog", sorted(DESCRIPTIONS))
+def test_description_decisions_on_the_labelled_sample(catalog):
+    rows = read_sample(catalog)
+    assert len(rows) == 100 and all(row["label"] in ("supported", "unsupported") for row in rows)
+    assert description_figures(rows) == DESCRIPTIONS[catalog]
+
+
+@pytest.mark.parametrize("catalog", sorted(ATTRIBUTES))
+def test_attribute_decisions_on_the_labelled_sample(catalog):
+    assert attribute_figures(read_sample(catalog), catalog) == ATTRIBUTES[catalog]
