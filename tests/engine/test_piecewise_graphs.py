@@ -48,15 +48,23 @@ STEPS = {"mixed": mixed_step, "five": five_token_step, "classification": classif
          "decode": decode_step}
 
 
-@pytest.fixture(scope="module")
-def model():
-    from transformers import LlamaConfig
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def model(request):
+    """A tiny Llama, or a tiny Gemma 3 (a sliding layer with a window of 4, shorter than the steps'
+    prompts, then a global one: two RoPE tables, pre/post feed-forward norms, the embedding scale)."""
+    from transformers import Gemma3TextConfig, LlamaConfig
 
+    from weir.engine.models.gemma3 import Gemma3ForCausalLM
     from weir.engine.models.llama import LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    m = LlamaForCausalLM(cfg, torch.float32, 64)
+    sizes = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if request.param == "llama":
+        m = LlamaForCausalLM(LlamaConfig(**sizes), torch.float32, 64)
+    else:
+        cfg = Gemma3TextConfig(**sizes, head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
+                               layer_types=["sliding_attention", "full_attention"], pad_token_id=0)
+        m = Gemma3ForCausalLM(cfg, torch.float32, 64)
     m.init_dummy(0)
     return m.eval()
 
