@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -63,6 +63,9 @@ adult babies baby boy child children couple female gent girl infant junior kid l
 newborn senior teen teenager toddler unisex woman women
 """.split())
 """Words an extracted audience value ("Ideal For": "Men", "Baby Girls", "Boys, Girls") may hold."""
+
+EvidenceKind = Literal["listing", "brand", "colour", "material", "audience", "count", "none"]
+"""What shows an extracted value right (:data:`weir.jobs.catalog.decisions.EVIDENCE_KINDS`)."""
 
 CONNECTIVES = frozenset("and or with".split())
 """Words that join a value's words ("Men and Women", "Cotton with Polyester")."""

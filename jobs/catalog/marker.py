@@ -11,7 +11,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from weir.jobs.catalog.grounding import Listing
+from weir.jobs.catalog.grounding import EvidenceKind, Listing
 
 EXTENSION = "enrichment"
 """The name the catalog's data has in a request's ``extensions``."""
@@ -50,8 +50,7 @@ class Enrichment(BaseModel):
     example_values: Optional[dict[str, list[Any]]] = None
     """An extraction only: field -> the values the prompt's worked examples give it; a value copied
     from them that the listing does not hold is never ``auto``."""
-    field_evidence: Optional[dict[str, Literal["listing", "brand", "colour", "material", "audience", "count",
-                                               "none"]]] = None
+    field_evidence: Optional[dict[str, EvidenceKind]] = None
     """An extraction only: field -> what shows its value right (the spec's ``[extract.evidence]``;
     :func:`weir.jobs.catalog.decisions.judge_attributes`); a field not named: ``listing``."""
     review_below: Optional[float] = Field(None, ge=0.0, le=1.0)

@@ -67,6 +67,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from weir.jobs.catalog.grounding import EvidenceKind
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -127,10 +129,6 @@ class SpecError(ValueError):
 OPTIONAL_COLUMNS = ("brand", "description")
 """The :class:`Columns` fields a catalog may lack: a product without them is named by its id and
 name alone, and prompts leave out the lines they would fill."""
-
-
-EvidenceKind = Literal["listing", "brand", "colour", "material", "audience", "count", "none"]
-"""What shows an extracted value right (:func:`weir.jobs.catalog.decisions.judge_attributes`)."""
 
 
 class _Table(BaseModel):
