@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from weir.model_source import PromptType, encode_prompt, encode_prompts
+from weir.model_source import NO_TOKENIZER, PromptType, encode_prompt, encode_prompts
 
 
 class InputProcessor:
@@ -128,5 +128,5 @@ class InputProcessor:
 
     def _require_tokenizer(self):
         if self.tokenizer is None:
-            raise ValueError("this engine has no tokenizer (dummy config): pass token ids")
+            raise ValueError(NO_TOKENIZER)
         return self.tokenizer

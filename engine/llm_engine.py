@@ -94,7 +94,8 @@ class LLMEngine:
             self.model_name = src.name
             self.config = load_config(src)
             if not args.skip_tokenizer_init:
-                self.tokenizer = load_tokenizer(resolve_model(args.tokenizer) if args.tokenizer else src)
+                self.tokenizer = load_tokenizer(resolve_model(args.tokenizer) if args.tokenizer else src,
+                                                self.config.vocab_size)
             eos_ids = load_generation_eos_ids(src, self.config)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 eos_ids.add(self.tokenizer.eos_token_id)

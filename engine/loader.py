@@ -9,11 +9,14 @@ transformers config object instead (random weights).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from types import SimpleNamespace
 from typing import Any
 
-from weir.engine.models.sliding_window import LAYER_TYPES
-from weir.model_source import ModelSource, load_tokenizer, resolve_model  # noqa: F401  (the engine's loaders)
+from weir.engine.models.sliding_window import LAYER_TYPES, layer_sliding_windows
+from weir.model_source import ModelSource, gguf_architecture, load_tokenizer, resolve_model  # noqa: F401  (the engine's loaders)
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +27,65 @@ UNSUPPORTED_ROPE_TYPES = ("dynamic", "longrope")
 
 
 def load_config(src: ModelSource):
+    """The transformers config of the text decoder at ``src`` (:func:`language_config`), checked.
+
+    Raises:
+        ValueError: one line naming what weir cannot run (:func:`check_config_file` before
+            transformers reads the files, :func:`check_config` after).
+        FileNotFoundError: a folder without ``config.json``.
+    """
     from transformers import AutoConfig
 
+    check_config_file(src)
     config = language_config(AutoConfig.from_pretrained(src.path, **src.hf_kwargs()))
     check_config(config)
     return config
+
+
+def check_config_file(src: ModelSource) -> None:
+    """Refuse, from the files and before transformers parses them, what transformers would refuse
+    with its own long error or misread: a GGUF architecture or a ``config.json`` ``model_type`` weir
+    does not run (missing included), and a window or ``layer_types`` weir cannot honour
+    (:func:`weir.engine.models.sliding_window.layer_sliding_windows` on the file's own values).
+
+    Raises:
+        ValueError: one line naming the key.
+        FileNotFoundError: a folder without ``config.json``.
+    """
+    from weir.engine.weight_loader import GGUF_ARCHITECTURES
+
+    if src.gguf_file:
+        architecture = gguf_architecture(src.location)
+        if architecture not in GGUF_ARCHITECTURES:
+            raise ValueError(f"GGUF general.architecture {architecture!r} is not supported; weir loads "
+                             f"{GGUF_ARCHITECTURES}")
+        return
+    path = os.path.join(src.path, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{src.path} has no config.json: not a Hugging Face model folder")
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise ValueError(f"{path} has no model_type; weir runs {_supported_types()}")
+    text = raw.get("text_config") if raw["model_type"] == "gemma3" else raw
+    if raw["model_type"] != "gemma3":
+        _check_model_type(raw["model_type"])
+    if isinstance(text, dict) and isinstance(text.get("num_hidden_layers"), int):
+        layer_sliding_windows(SimpleNamespace(
+            model_type=text.get("model_type", raw["model_type"]), num_hidden_layers=text["num_hidden_layers"],
+            layer_types=text.get("layer_types"), sliding_window=text.get("sliding_window"),
+            use_bidirectional_attention=text.get("use_bidirectional_attention", False)))
+
+
+def _supported_types() -> tuple:
+    from weir.engine.models import MODEL_CLASSES
+
+    return tuple(MODEL_CLASSES)
+
+
+def _check_model_type(model_type) -> None:
+    if model_type not in _supported_types():
+        raise ValueError(f"model_type {model_type!r} is not supported; weir runs {_supported_types()}")
 
 
 def language_config(config):
@@ -50,12 +107,7 @@ def check_config(config) -> None:
     ``attn_logit_softcapping`` that is set, or a ``rope_parameters``/``rope_scaling`` ``rope_type``
     in ``UNSUPPORTED_ROPE_TYPES`` (in any layer type's entry, where they are keyed by layer type).
     """
-    from weir.engine.models import MODEL_CLASSES
-
-    if config.model_type not in MODEL_CLASSES:
-        raise ValueError(
-            f"model_type {config.model_type!r} is not supported; weir runs {tuple(MODEL_CLASSES)}"
-        )
+    _check_model_type(config.model_type)
     softcap = getattr(config, "attn_logit_softcapping", None)
     if softcap is not None:
         raise ValueError(f"attn_logit_softcapping={softcap!r} is not supported: weir's attention "

@@ -108,11 +108,19 @@ def checkpoint_files(folder: str) -> list[str]:
 
 
 def _iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+    """Each tensor of one safetensors file, memory-mapped.
 
-    with safe_open(path, framework="pt") as f:
-        for name in f.keys():
-            yield name, f.get_tensor(name)
+    Raises:
+        ValueError: the file is corrupt or truncated, naming it (safetensors' own error names none).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+    except SafetensorError as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from e
 
 
 def _iter_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:

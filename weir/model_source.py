@@ -202,6 +202,16 @@ def gguf_vocab_size(path: str) -> Optional[int]:
     return None if size is None else int(size)
 
 
+def gguf_architecture(path: str) -> Optional[str]:
+    """``general.architecture`` from a GGUF file's metadata (``llama``, ``qwen3``, ``gemma3``, ...);
+    None when the file does not state it.
+
+    Raises:
+        ValueError: the file is not GGUF.
+    """
+    return _gguf_metadata(path, lambda key: key == "general.architecture").get("general.architecture")
+
+
 def model_context_length(src: ModelSource) -> Optional[int]:
     """The model's own context length without loading it: the GGUF metadata, or
     ``max_position_embeddings`` of a folder's ``config.json``; None when neither states one."""
@@ -229,15 +239,43 @@ def _config_value(src: ModelSource, key: str):
         return json.load(f).get(key)
 
 
-def load_tokenizer(src: ModelSource):
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "spiece.model")
+"""The files a Hugging Face folder holds its tokenizer in (transformers reads one or more of them)."""
+
+NO_TOKENIZER = ("this engine has no tokenizer (skip_tokenizer_init=True, or load_format='dummy' with a "
+                "config object): pass token ids")
+"""The error for text or chat prompts sent to an engine without a tokenizer."""
+
+
+def load_tokenizer(src: ModelSource, vocab_size: Optional[int] = None):
     """The transformers tokenizer of a GGUF file or a Hugging Face folder (a new one each call).
 
+    Args:
+        vocab_size: the model's vocabulary size the tokenizer must fill; None reads it from ``src``
+            (:func:`model_vocab_size`), when ``src`` states one.
+
     Raises:
-        OSError: nothing loadable at ``src``.
+        FileNotFoundError: a folder holds none of :data:`TOKENIZER_FILES` (transformers would
+            otherwise build a near-empty tokenizer for some model types and encode text wrongly).
+        ValueError: the tokenizer has fewer than half of ``vocab_size`` tokens: not this model's.
+        OSError: nothing else loadable at ``src``.
     """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(src.path, **src.hf_kwargs())
+    if not src.gguf_file and not any(os.path.exists(os.path.join(src.path, f)) for f in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{src.path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): copy the model's "
+            "tokenizer into the folder, name another with tokenizer=..., or pass token ids with "
+            "skip_tokenizer_init=True")
+    tokenizer = AutoTokenizer.from_pretrained(src.path, **src.hf_kwargs())
+    if vocab_size is None:
+        vocab_size = model_vocab_size(src)
+    if vocab_size and len(tokenizer) < vocab_size // 2:
+        raise ValueError(
+            f"the tokenizer at {src.location} has {len(tokenizer)} tokens for a model of vocab_size="
+            f"{vocab_size}: it is not this model's tokenizer")
+    return tokenizer
 
 
 def parse_prompt(prompt: PromptType) -> Union[str, list[int], list[dict]]:
@@ -334,12 +372,21 @@ def encode_prompt(tokenizer, prompt: PromptType) -> list[int]:
     if prompt and isinstance(prompt[0], int):
         return prompt
     if tokenizer is None:
-        raise ValueError("this engine has no tokenizer (dummy config): pass token ids")
+        raise ValueError(NO_TOKENIZER)
     if isinstance(prompt, str):
         return tokenizer(prompt).input_ids
+    check_chat_template(tokenizer)
     return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)[
         "input_ids"
     ]
+
+
+def check_chat_template(tokenizer) -> None:
+    """Raises ``ValueError`` when the tokenizer has no chat template (a base model's, most often),
+    so chat messages cannot be rendered."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template (a "
+                         "base model?): send text prompts, not chat messages")
 
 
 def encode_prompts(tokenizer, prompts: Sequence[PromptType]) -> list[list[int]]:
@@ -357,7 +404,9 @@ def encode_prompts(tokenizer, prompts: Sequence[PromptType]) -> list[list[int]]:
     texts = [p for p in parsed if isinstance(p, str)]
     chats = [p for p in parsed if not isinstance(p, str) and isinstance(p[0], dict)]
     if (texts or chats) and tokenizer is None:
-        raise ValueError("this engine has no tokenizer (dummy config): pass token ids")
+        raise ValueError(NO_TOKENIZER)
+    if chats:
+        check_chat_template(tokenizer)
     text_ids = iter(encode_texts(tokenizer, texts, add_special_tokens=True))
     rendered = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False) if chats else []
     chat_ids = iter(encode_texts(tokenizer, rendered, add_special_tokens=False))
