@@ -25,6 +25,7 @@ at least ``--precision`` right), with the held-out precision of ``auto`` categor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import time
@@ -52,7 +53,7 @@ def held_out(confidence, correct, t):
 
 
 def run(catalog_name: str, num: int, precision: float, llm) -> None:
-    from weir.jobs.catalog.enrichment import classify_request, read_catalog
+    from weir.jobs.catalog.enrichment import category_votes, classify_request, read_catalog
     from weir.jobs.catalog.exemplars import ExemplarIndex
     from weir.jobs.catalog.spec import load_spec
 
@@ -64,12 +65,11 @@ def run(catalog_name: str, num: int, precision: float, llm) -> None:
     index = ExemplarIndex(catalog.pool)
 
     started = time.perf_counter()
-    knn_label, knn_conf = [], []
-    for p in products:
-        votes = index.vote(p.product_id, p.name, p.brand, KNN_K)
-        label = max(votes, key=votes.get) if votes else catalog.labels[0]
-        knn_label.append(label)
-        knn_conf.append(votes.get(label, 0.0) / (sum(votes.values()) or 1.0))
+    knn = dataclasses.replace(catalog, spec=spec.model_copy(update={"classify": spec.classify.model_copy(
+        update={"method": "knn", "num_neighbours": KNN_K})}))
+    votes = category_votes(knn, products, index)  # the job's own vote (method = "knn")
+    knn_label = [votes[p.product_id].label or catalog.labels[0] for p in products]
+    knn_conf = [votes[p.product_id].share for p in products]
     knn_s = time.perf_counter() - started
 
     requests = [classify_request(p, catalog, index.nearest(p.product_id, p.name, p.brand, spec.classify.num_exemplars))

@@ -99,7 +99,7 @@ def _missing_columns_hint(exc: Any, spec: Optional[str]) -> str:
 
 def cmd_enrich(args: argparse.Namespace) -> int:
     """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
-    from weir.jobs.catalog.enrichment import MissingColumns, enqueue_catalog, read_catalog, summarize
+    from weir.jobs.catalog.enrichment import MissingColumns, category_votes, enqueue_catalog, read_catalog, summarize
     from weir.jobs.client import Client
     from weir.jobs.catalog.spec import load_spec
     from weir.progress import progress_bar
@@ -142,7 +142,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         client.prompt_checker  # load the tokenizer before the batch's clock starts
         batch_started = time.monotonic()
         try:
-            batch_id = enqueue_catalog(client, catalog, plan=plan)
+            batch_id = enqueue_catalog(client, catalog, plan=plan, votes=votes)
         except ValueError as exc:  # two products with one id, a request the schema refuses
             print(f"weir enrich: {args.catalog}: {' '.join(str(exc).split())}; nothing was stored", file=sys.stderr)
             return EXIT_USAGE
@@ -173,7 +173,7 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         if isinstance(outcome, int):
             return outcome
         final, results, batch_s = outcome
-        summary = summarize(catalog, results, time.monotonic() - args.started_s, plan, batch_s=batch_s)
+        summary = summarize(catalog, results, time.monotonic() - args.started_s, plan, batch_s=batch_s, votes=votes)
         print(summary.format())
         return EXIT_OK if final.num_failed == 0 and final.num_cancelled == 0 else EXIT_FAILED
 
@@ -186,6 +186,11 @@ def cmd_enrich(args: argparse.Namespace) -> int:
         print(f"weir enrich: nothing to enrich: all {plan.num_unchanged} products are unchanged since their "
               "last enrichment (same content, job spec and model); --full redoes them")
         return EXIT_OK
+    try:
+        votes = category_votes(catalog, plan.todo)
+    except ValueError as exc:
+        print(f"weir enrich: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if settings.worker.broker_url:
         client = Client(settings)
         try:

@@ -25,14 +25,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from weir.jobs.catalog.decisions import AUTO
+from weir.jobs.catalog.decisions import AUTO, judge_category
 from weir.jobs.catalog.exemplars import ExemplarIndex, Labelled
 from weir.jobs.catalog.extraction import extraction_messages
 from weir.jobs.catalog.grounding import Listing
 from weir.jobs.catalog.marker import EXTENSION, Enrichment, enrichment_of
 from weir.jobs.catalog.quality import OK, description_quality
 from weir.jobs.schemas import BULK_PRIORITY, ClassifyRequest, GenerateRequest, JobRequest
-from weir.jobs.catalog.spec import OPTIONAL_COLUMNS, JobSpec, Taxonomy
+from weir.jobs.catalog.spec import OPTIONAL_COLUMNS, VOTE_METHODS, JobSpec, Taxonomy
 
 NUM_LABEL_HINTS = 6
 NUM_TOP_REASONS = 3
@@ -417,11 +417,12 @@ def extract_request(product: Product, spec: JobSpec, catalog: str, fingerprint: 
 
 
 def product_requests(product: Product, catalog: Catalog, index: Optional[ExemplarIndex] = None,
-                     fingerprint: Optional[str] = None) -> list[JobRequest]:
-    """The jobs of one product: classify it into the catalog's labels, describe it, and (when the
+                     fingerprint: Optional[str] = None, voted: bool = False) -> list[JobRequest]:
+    """The jobs of one product: classify it into the catalog's labels (unless ``voted``: the
+    nearest-neighbour vote decided its category, :func:`category_votes`), describe it, and (when the
     spec names ``[extract.fields]``) extract its attributes.
 
-    With ``index`` (and the spec's ``method = "exemplars"``), the classification prompt shows the
+    With ``index`` (and the spec's ``method`` ``exemplars`` or ``hybrid``), the classification prompt shows the
     product's ``num_exemplars`` nearest labelled products (never itself nor a row with its title).
 
     ``custom_id`` is ``<product_id>/category``, ``<product_id>/description`` and
@@ -430,12 +431,14 @@ def product_requests(product: Product, catalog: Catalog, index: Optional[Exempla
     with ``fingerprint`` (:func:`product_fingerprint`) beside each field it fills.
     """
     spec = catalog.spec
-    shots = None
-    if index is not None and spec.classify.method == "exemplars":
-        shots = index.nearest(product.product_id, product.name, product.brand, spec.classify.num_exemplars)
     key = catalog_key(catalog)
-    requests: list[JobRequest] = [classify_request(product, catalog, shots, fingerprint=fingerprint),
-                                  describe_request(product, spec, key, fingerprint)]
+    requests: list[JobRequest] = []
+    if not voted:
+        shots = None
+        if index is not None and spec.classify.method in ("exemplars", "hybrid"):
+            shots = index.nearest(product.product_id, product.name, product.brand, spec.classify.num_exemplars)
+        requests.append(classify_request(product, catalog, shots, fingerprint=fingerprint))
+    requests.append(describe_request(product, spec, key, fingerprint))
     if spec.extract.enabled:
         requests.append(extract_request(product, spec, key, fingerprint))
     return requests
@@ -448,28 +451,82 @@ def catalog_key(catalog: Catalog) -> str:
 
 def exemplar_index(catalog: Catalog) -> Optional[ExemplarIndex]:
     """The catalog's exemplar index, or None when the spec asks for zero-shot or nothing is labelled."""
-    if catalog.spec.classify.method != "exemplars" or not catalog.pool:
+    if catalog.spec.classify.method == "zero_shot" or not catalog.pool:
         return None
     return ExemplarIndex(catalog.pool)
 
 
-def catalog_requests(catalog: Catalog, plan: Optional["EnrichmentPlan"] = None) -> list[JobRequest]:
+@dataclass(frozen=True)
+class Vote:
+    """A category the nearest-neighbour vote decided, no model: ``label`` (None when no labelled
+    product could vote) and its ``share`` of the vote (0 to 1: the label's summed similarity over
+    all the voters')."""
+
+    product_id: str
+    label: Optional[str]
+    share: float
+
+
+def category_votes(catalog: Catalog, products: Iterable[Product],
+                   index: Optional[ExemplarIndex] = None) -> dict[str, Vote]:
+    """Product id -> :class:`Vote`, for the ``products`` whose category the spec's ``[classify]``
+    method leaves to the vote of their ``num_neighbours`` nearest labelled products
+    (:meth:`weir.jobs.catalog.exemplars.ExemplarIndex.vote`; a tie goes to the label first
+    reached): every product with ``knn``, those whose share is at least ``vote_threshold`` with
+    ``hybrid``, none with the model's methods. Measured against the model: BENCHMARKS.md,
+    "Categories: kNN, LLM, hybrid".
+
+    Raises:
+        ValueError: a vote method with no labelled product in the catalog.
+    """
+    c = catalog.spec.classify
+    if c.method not in VOTE_METHODS:
+        return {}
+    if index is None:
+        if not catalog.pool:
+            raise ValueError(f"{catalog.path}: [classify] method = {c.method!r} needs labelled products; none "
+                             f"has a {catalog.spec.taxonomy.column!r}")
+        index = ExemplarIndex(catalog.pool)
+    votes = {}
+    for product in products:
+        counts = index.vote(product.product_id, product.name, product.brand, c.num_neighbours)
+        total = sum(counts.values())
+        label = max(counts, key=counts.get) if counts and total > 0 else None
+        vote = Vote(product.product_id, label, counts[label] / total if label is not None else 0.0)
+        if c.method == "knn" or (label is not None and vote.share >= c.vote_threshold):
+            votes[product.product_id] = vote
+    return votes
+
+
+def catalog_requests(catalog: Catalog, plan: Optional["EnrichmentPlan"] = None,
+                     votes: Optional[dict[str, Vote]] = None) -> list[JobRequest]:
     """The requests (:func:`product_requests`) of every product, or of ``plan``'s products to
-    enrich with their fingerprints, product by product."""
+    enrich with their fingerprints, product by product; no classification job for the products
+    ``votes`` decided (None: :func:`category_votes` of those products)."""
     index = exemplar_index(catalog)
-    if plan is None:
-        return [r for product in catalog.products for r in product_requests(product, catalog, index)]
-    return [r for product in plan.todo
-            for r in product_requests(product, catalog, index, plan.fingerprints[product.product_id])]
+    products = catalog.products if plan is None else plan.todo
+    if votes is None:
+        votes = category_votes(catalog, products, index)
+    return [r for product in products
+            for r in product_requests(product, catalog, index,
+                                      None if plan is None else plan.fingerprints[product.product_id],
+                                      voted=product.product_id in votes)]
 
 
 def spec_version(spec: JobSpec) -> str:
     """A hash of everything in ``spec`` that shapes the jobs' outputs, hex: its file's path and
-    what only the decisions read (``[classify] review_below``, ``[extract.evidence]``) left out, so
-    that changing those re-enriches nothing (rows keep the decision made when they were stored)."""
+    what only the decisions read (``[classify] review_below``, ``[extract.evidence]``, and
+    ``vote_threshold`` with ``knn``) left out, so that changing those re-enriches nothing (rows keep
+    the decision made when they were stored); the vote's keys are left out too with the model's
+    methods, which do not read them."""
     fields = spec.model_copy(update={"path": None}).model_dump()
-    fields["classify"].pop("review_below")
+    classify = fields["classify"]
+    classify.pop("review_below")
     fields["extract"].pop("evidence")
+    if classify["method"] not in VOTE_METHODS:
+        classify.pop("num_neighbours")
+    if classify["method"] != "hybrid":
+        classify.pop("vote_threshold")
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -529,16 +586,21 @@ def plan_enrichment(session_factory: Any, catalog: Catalog, model: str, *, full:
 
 
 def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None,
-                    priority: int = BULK_PRIORITY, plan: Optional[EnrichmentPlan] = None) -> Any:
-    """Enqueue one enrichment batch for ``catalog`` through a :class:`weir.jobs.client.Client`.
+                    priority: int = BULK_PRIORITY, plan: Optional[EnrichmentPlan] = None,
+                    votes: Optional[dict[str, Vote]] = None) -> Any:
+    """Enqueue one enrichment batch for ``catalog`` through a :class:`weir.jobs.client.Client`,
+    then store the categories the nearest-neighbour vote decided (the spec's ``[classify]``
+    method ``knn`` or ``hybrid``) in ``product_enrichment`` as that batch's
+    (:func:`weir.jobs.catalog.store.record_votes`): those products get no classification job.
 
     Args:
         idempotency_key: when a batch with this key exists, nothing is enqueued and its id is
-            returned (the nightly run's catalog and slot).
+            returned (the nightly run's catalog and slot); the votes are stored again, the same.
         priority: the batch's priority (``Client.enqueue_batch``'s); bulk by default, so that
             jobs enqueued one by one run first.
         plan: enqueue only its products, with their fingerprints (:func:`plan_enrichment`);
             None: every product, without fingerprints.
+        votes: the votes of the products enqueued (:func:`category_votes`; None: computed here).
 
     Returns:
         The batch id, or None when ``plan`` has nothing to enrich (nothing is enqueued).
@@ -546,20 +608,35 @@ def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[
     Raises:
         ValueError: two products share an id (their custom_ids collide); nothing was stored.
     """
-    requests = catalog_requests(catalog, plan)
+    products = catalog.products if plan is None else plan.todo
+    if votes is None:
+        votes = category_votes(catalog, products)
+    requests = catalog_requests(catalog, plan, votes)
     if not requests:
         return None
-    return client.enqueue_batch(
+    key = catalog_key(catalog)
+    batch_id = client.enqueue_batch(
         requests,
         metadata={
             "kind": "catalog_enrichment",
-            "catalog": catalog_key(catalog),
-            "num_products": len(catalog.products) if plan is None else len(plan.todo),
+            "catalog": key,
+            "num_products": len(products),
             "labels": catalog.labels,
+            "num_categories_voted": len(votes),
         },
         idempotency_key=idempotency_key,
         priority=priority,
     )
+    if votes:
+        from weir.jobs.catalog.store import record_votes
+
+        classify = catalog.spec.classify
+        with client.session_factory.begin() as session:
+            record_votes(session, key, list(votes.values()), batch_id, model=client.model,
+                         review_below=classify.vote_threshold if classify.method == "knn" else None,
+                         fingerprints=None if plan is None else plan.fingerprints,
+                         product_fields=product_fields(catalog.spec))
+    return batch_id
 
 
 @dataclass(frozen=True)
@@ -659,11 +736,18 @@ class EnrichmentSummary:
 
 
 def how_categories_are_chosen(spec: JobSpec) -> str:
-    """One line saying how the classification jobs of ``spec`` choose a category."""
-    if spec.classify.method == "exemplars":
-        k = spec.classify.num_exemplars
-        return (f"the model scores each label after a prompt that shows the product's {k} nearest labelled "
-                f"products of the same catalog (TF-IDF of name and brand) with their categories")
+    """One line saying how ``spec`` chooses a category."""
+    c = spec.classify
+    k = c.num_exemplars
+    model = (f"the model scores each label after a prompt that shows the product's {k} nearest labelled "
+             f"products of the same catalog (TF-IDF of name and brand) with their categories")
+    vote = f"the vote of the product's {c.num_neighbours} nearest labelled products (TF-IDF of name and brand)"
+    if c.method == "knn":
+        return f"{vote}, no model; review below a vote share of {c.vote_threshold:g}"
+    if c.method == "hybrid":
+        return f"{vote} where its share is at least {c.vote_threshold:g}; elsewhere {model}"
+    if c.method == "exemplars":
+        return model
     return "the model scores each label, with its commonest sub-labels, calibrated against \"N/A\"; no examples"
 
 
@@ -684,7 +768,8 @@ def neighbour_vote_accuracy(catalog: Catalog, products: list[Product]) -> Option
 
 
 def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float,
-              plan: Optional[EnrichmentPlan] = None, batch_s: Optional[float] = None) -> EnrichmentSummary:
+              plan: Optional[EnrichmentPlan] = None, batch_s: Optional[float] = None,
+              votes: Optional[dict[str, Vote]] = None) -> EnrichmentSummary:
     """Summarize a finished enrichment batch.
 
     Args:
@@ -694,6 +779,8 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         batch_s: seconds from enqueue to the batch's end, the generation rate's denominator (None:
             ``wall_s``).
         plan: the incremental run's plan (new, changed, unchanged products), when there was one.
+        votes: the categories the vote decided for the batch (:func:`category_votes`): they count
+            as classified products, with their decisions, beside the classification jobs.
 
     ``num_failed_products`` counts the products with a job that did not succeed.
     Accuracy counts succeeded classification jobs of products that have a catalog category (at
@@ -718,11 +805,16 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     fills = [getattr(enrichment_of(r), "field", None) for r in generated]
     extracted = [r for r, field in zip(generated, fills) if field == "attributes"]
     described = [r for r, field in zip(generated, fills) if field != "attributes"]
-    categories = [truth.get(str(r["metadata"].get("product_id")), "") for r in classified]
-    num_correct = sum(r["label"] == category for r, category in zip(classified, categories))
+    voted = [v for v in (votes or {}).values() if truth.get(v.product_id)]
+    chosen = [(str(r["metadata"].get("product_id")), r["label"]) for r in classified] + [
+        (v.product_id, v.label) for v in voted]
+    categories = [truth[product_id] for product_id, _ in chosen]
+    num_correct = sum(label == category for (_, label), category in zip(chosen, categories))
     majority = Counter(categories).most_common(1)
     rate_s = wall_s if batch_s is None else batch_s
-    decisions, reasons, num_publishable = _decision_counts(results)
+    review_below = catalog.spec.classify.vote_threshold if catalog.spec.classify.method == "knn" else None
+    decisions, reasons, num_publishable = _decision_counts(results, {
+        product_id: judge_category(v.label, v.share, review_below) for product_id, v in (votes or {}).items()})
     return EnrichmentSummary(
         num_products=len(catalog.products),
         num_succeeded=sum(r["status"] == "succeeded" for r in results),
@@ -733,18 +825,17 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
         num_generated_tokens=num_generated,
         generated_tokens_per_s=num_generated / rate_s if rate_s > 0 else None,
         prefix_cache_hit_rate=num_cached / num_prompt if num_prompt else None,
-        num_classified=len(classified),
-        accuracy=num_correct / len(classified) if classified else None,
+        num_classified=len(chosen),
+        accuracy=num_correct / len(chosen) if chosen else None,
         majority_label=majority[0][0] if majority else None,
-        majority_baseline=majority[0][1] / len(classified) if majority else None,
+        majority_baseline=majority[0][1] / len(chosen) if majority else None,
         num_described=len(described),
         description_quality=dict(Counter(description_quality(r["output_text"]) for r in described)),
         num_extracted=len(extracted),
         num_attributes_valid=sum(r["parsed"] is not None for r in extracted),
         num_attributes_cut=sum(r["finish_reason"] == "length" for r in extracted),
         plan=plan,
-        neighbour_vote_accuracy=neighbour_vote_accuracy(
-            catalog, [by_id[str(r["metadata"].get("product_id"))] for r in classified]),
+        neighbour_vote_accuracy=neighbour_vote_accuracy(catalog, [by_id[product_id] for product_id, _ in chosen]),
         how_chosen=how_categories_are_chosen(catalog.spec),
         num_failed_products=len({str(r["metadata"].get("product_id")) for r in results if r["status"] != "succeeded"}),
         decisions=decisions,
@@ -753,15 +844,23 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     )
 
 
-def _decision_counts(results: list[dict[str, Any]]) -> tuple[dict[str, dict[str, int]], dict[str, list[tuple[str, int]]], int]:
+def _decision_counts(results: list[dict[str, Any]], voted: dict[str, Any]) -> tuple[
+        dict[str, dict[str, int]], dict[str, list[tuple[str, int]]], int]:
     """Per field, the decisions of the succeeded enrichment jobs among ``results`` (rows of
-    :meth:`weir.jobs.client.Client.results`, each with the catalog's annotation) and their
-    reason codes (commonest first); and how many products have every wanted field ``auto`` (the
-    fields their marks name, else those seen)."""
+    :meth:`weir.jobs.client.Client.results`, each with the catalog's annotation) and of the voted
+    categories (``voted``: product id -> its :class:`weir.jobs.catalog.decisions.Decision`), and
+    their reason codes (commonest first); and how many products have every wanted field ``auto``
+    (the fields their marks name, else those seen)."""
     decisions: dict[str, Counter] = {}
     reasons: dict[str, Counter] = {}
     by_product: dict[str, dict[str, str]] = {}
     wanted: dict[str, set[str]] = {}
+
+    def count(product_id: str, field: str, decision: str, codes: Iterable[str]) -> None:
+        decisions.setdefault(field, Counter())[decision] += 1
+        reasons.setdefault(field, Counter()).update(codes)
+        by_product.setdefault(product_id, {})[field] = decision
+
     for r in results:
         mark = enrichment_of(r)
         if mark is None:
@@ -771,9 +870,9 @@ def _decision_counts(results: list[dict[str, Any]]) -> tuple[dict[str, dict[str,
         if r["status"] != "succeeded":
             continue
         decision = r["annotations"][EXTENSION]  # the catalog's annotation: decisions.annotate_result
-        decisions.setdefault(decision["field"], Counter())[decision["decision"]] += 1
-        reasons.setdefault(decision["field"], Counter()).update(reason["code"] for reason in decision["reasons"])
-        by_product.setdefault(product_id, {})[decision["field"]] = decision["decision"]
+        count(product_id, decision["field"], decision["decision"], (reason["code"] for reason in decision["reasons"]))
+    for product_id, decision in voted.items():
+        count(product_id, decision.field, decision.decision, (reason["code"] for reason in decision.reasons))
     num_publishable = sum(
         all(fields.get(name) == AUTO for name in (wanted.get(product_id) or fields))
         for product_id, fields in by_product.items())

@@ -23,8 +23,13 @@ Layout (every table and key optional)::
 
     [classify]
     method = "exemplars"      # "exemplars": k nearest labelled products as few-shot lines;
-                              # "zero_shot": the label with its hints, calibrated against "N/A"
+                              # "zero_shot": the label with its hints, calibrated against "N/A";
+                              # "knn": the vote of the nearest labelled products, no model;
+                              # "hybrid": that vote where its share >= vote_threshold, else exemplars
     num_exemplars = 4
+    num_neighbours = 10       # knn, hybrid: how many nearest labelled products vote
+    vote_threshold = 0.0      # knn: a vote share below this is review; hybrid: the vote decides at
+                              # and above it (above 0), the model below
     header = "Products of {shop} and their categories."
     review_below = 0.0        # a category whose probability is below this is review (0: never)
 
@@ -168,12 +173,33 @@ class Taxonomy(_Table):
         return self
 
 
+VOTE_METHODS = ("knn", "hybrid")
+"""The ``[classify]`` methods in which the nearest-neighbour vote decides categories without a model."""
+
+
 class Classify(_Table):
-    method: Literal["exemplars", "zero_shot"] = "exemplars"
+    method: Literal["knn", "hybrid", "exemplars", "zero_shot"] = "exemplars"
+    """How a product's category is chosen: ``knn``, the vote of its ``num_neighbours`` nearest
+    labelled products alone (no model); ``hybrid``, that vote where its share is at least
+    ``vote_threshold``, else ``exemplars``; ``exemplars``, the model scoring each label after the
+    ``num_exemplars`` nearest labelled products; ``zero_shot``, the model alone, calibrated."""
     num_exemplars: int = Field(4, ge=1)
+    num_neighbours: int = Field(10, ge=1)
+    """How many nearest labelled products vote (``knn``, ``hybrid``)."""
+    vote_threshold: float = Field(0.0, ge=0.0, le=1.0)
+    """The vote's share (its label's summed similarity over all the neighbours') at and above which
+    the vote's category is ``auto`` (``knn``: below it ``review``, ``low_confidence``) or decides
+    without the model (``hybrid``, which needs it above 0)."""
     header: str = CLASSIFY_HEADER
     review_below: float = Field(0.0, ge=0.0, le=1.0)
-    """A category whose probability is below this is ``review`` (``low_confidence``); 0: never."""
+    """A category whose probability (the model's) is below this is ``review`` (``low_confidence``); 0: never."""
+
+    @model_validator(mode="after")
+    def _hybrid_needs_a_threshold(self) -> "Classify":
+        if self.method == "hybrid" and self.vote_threshold <= 0:
+            raise ValueError("[classify] method = \"hybrid\" needs vote_threshold above 0 (at 0 the vote "
+                             "decides every product: method = \"knn\")")
+        return self
 
 
 DESCRIBE_RETRY_SAMPLING = dict(repetition_penalty=1.1, frequency_penalty=0.3)
@@ -378,6 +404,13 @@ class JobSpec(_Table):
     describe: Describe = Describe()
     extract: Extract = Extract()
     path: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _a_vote_needs_labelled_products(self) -> "JobSpec":
+        if self.classify.method in VOTE_METHODS and self.taxonomy.source != "column":
+            raise ValueError(f"[classify] method = {self.classify.method!r} needs labelled products to vote: "
+                             "[taxonomy] source = \"column\"")
+        return self
 
     def with_columns(self, **names: Optional[str]) -> "JobSpec":
         """The spec with the given column names replaced (None keeps the spec's)."""

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from weir.jobs.catalog.decisions import attribute_confidence, judge
+from weir.jobs.catalog.decisions import attribute_confidence, judge, judge_category
 from weir.jobs.catalog.marker import enrichment_of
 from weir.jobs.catalog.quality import description_quality
 from weir.jobs.catalog.tables import ProductEnrichment
@@ -76,7 +76,7 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     for job, result in wanted:
         target = enrichment_of(job.request)
         if job.kind == JobKind.CLASSIFY:
-            fields = {"category": result.label,
+            fields = {"category": result.label, "category_method": "llm",
                       "category_confidence": (result.label_probs or {}).get(result.label)}
         elif target.field == "attributes":
             fields = {"attributes": result.parsed,
@@ -101,6 +101,46 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
         kept = merged.get(key)
         if kept is None or _is_newer(row["source_batch_created_at"], kept["source_batch_created_at"]):
             merged[key] = row
+    return _upsert(session, merged, model, now)
+
+
+def record_votes(session: Session, catalog: str, votes: Sequence[Any], batch_id: Any, *, model: str,
+                 review_below: Optional[float] = None, fingerprints: Optional[dict[str, str]] = None,
+                 product_fields: Optional[list[str]] = None) -> set[tuple[str, str]]:
+    """Upsert the categories the nearest-neighbour vote decided (the job spec's ``[classify]``
+    method ``knn`` or ``hybrid``: no classification job runs for them), as ``batch_id``'s: with
+    ``category_method = 'knn'``, the vote's share as ``category_confidence``, the decision of
+    :func:`weir.jobs.catalog.decisions.judge_category` (``review`` below ``review_below``) and each
+    product's fingerprint. Guarded like :func:`record_enrichments`: a newer batch's row is never
+    overwritten. Call it in the transaction that stores nothing else, after the batch is stored.
+
+    Args:
+        votes: :class:`weir.jobs.catalog.enrichment.Vote` (``product_id``, ``label``, ``share``).
+        product_fields: the fields the spec asks for (``attributes_wanted`` is set from it).
+
+    Returns:
+        The (catalog, product id) keys whose row was written.
+    """
+    created = session.execute(select(Batch.created_at).where(Batch.id == batch_id)).scalar_one()
+    now = utcnow()
+    merged: dict[tuple[str, str, tuple[str, ...]], dict[str, Any]] = {}
+    for vote in votes:
+        decision = judge_category(vote.label, vote.share, review_below)
+        fields = {"category": vote.label, "category_method": "knn", "category_confidence": vote.share,
+                  "category_decision": decision.decision, "category_reasons": decision.reasons}
+        if product_fields is not None:
+            fields["attributes_wanted"] = "attributes" in product_fields
+        if fingerprints is not None:
+            fields["category_fingerprint"] = fingerprints[vote.product_id]
+        merged[(catalog, vote.product_id, tuple(sorted(fields)))] = dict(
+            catalog=catalog, product_id=vote.product_id, model=model, source_batch_id=batch_id,
+            source_batch_created_at=created, updated_at=now, **fields)
+    return _upsert(session, merged, model, now)
+
+
+def _upsert(session: Session, merged: dict[tuple[str, str, tuple[str, ...]], dict[str, Any]], model: str,
+            now: datetime) -> set[tuple[str, str]]:
+    """Write ``merged``'s rows (one per product and field set), a statement per field set."""
     dialect = session.get_bind().dialect.name
     written: set[tuple[str, str]] = set()
     for names_ in sorted({key[2] for key in merged}):
@@ -113,7 +153,7 @@ def record_enrichments(session: Session, results: Sequence[tuple[Job, JobResult]
     return written
 
 
-_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "description": "text", "quality": "text",
+_ENRICH_TYPES = {"category": "text", "category_confidence": "float8", "category_method": "text", "description": "text", "quality": "text",
                  "attributes": "json", "category_fingerprint": "text", "description_fingerprint": "text",
                  "attributes_fingerprint": "text", "category_decision": "text", "category_reasons": "json",
                  "description_decision": "text", "description_reasons": "json", "attributes_decision": "text",

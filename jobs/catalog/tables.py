@@ -34,6 +34,10 @@ class ProductEnrichment(Base):
     product_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     category: Mapped[Optional[str]] = mapped_column(Text)
     category_confidence: Mapped[Optional[float]] = mapped_column(Float)
+    category_method: Mapped[Optional[str]] = mapped_column(String(16))
+    """How the category was chosen: ``llm`` (a classification job; ``category_confidence`` is the
+    label's probability) or ``knn`` (the nearest-neighbour vote, no model; ``category_confidence`` is
+    the label's share of the vote); null in rows written before it was recorded."""
     description: Mapped[Optional[str]] = mapped_column(Text)
     quality: Mapped[Optional[str]] = mapped_column(String(32))
     """The description's check (:func:`weir.jobs.catalog.quality.description_quality`): ``ok``, or its

@@ -174,12 +174,12 @@ def test_a_downstream_service_follows_a_batch_and_reads_what_the_docs_say(
     updated_at = rows[0][-1]
     unfinished = [{"code": "unfinished", "text": "Mild soap with"}]
     assert rows == [
-        (CATALOG, "p1", "Tea", 0.75, "auto", [], "Fresh green tea.", "ok", "auto", [], True, {"colour": "green"},
-         "auto", [], None, "tiny", batch_id, batch.created_at, updated_at),
-        (CATALOG, "p2", None, None, None, None, "Mild soap with", "unfinished", "reject", unfinished, False, None,
-         None, None, None, "tiny", batch_id, batch.created_at, updated_at),
-        (CATALOG, "p4", "Soap", 0.5, "auto", [], None, None, None, None, False, None, None, None, None, "tiny",
-         batch_id, batch.created_at, updated_at),
+        (CATALOG, "p1", "Tea", 0.75, "llm", "auto", [], "Fresh green tea.", "ok", "auto", [], True,
+         {"colour": "green"}, "auto", [], None, "tiny", batch_id, batch.created_at, updated_at),
+        (CATALOG, "p2", None, None, None, None, None, "Mild soap with", "unfinished", "reject", unfinished, False,
+         None, None, None, None, "tiny", batch_id, batch.created_at, updated_at),
+        (CATALOG, "p4", "Soap", 0.5, "llm", "auto", [], None, None, None, None, False, None, None, None, None,
+         "tiny", batch_id, batch.created_at, updated_at),
     ]
     assert reader.execute("SELECT product_id FROM latest_enrichment WHERE source_batch_id = %s AND publishable",
                           (batch_id,)).fetchall() == [("p1",)]

@@ -381,9 +381,12 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
         rows.writerow(["1", "Green Tea", "Beverages", "Leafy ", "A tea.\nTwo lines."])
         rows.writerow(["2", "Soap Bar", "Beauty & Hygiene", "Clean", ""])
         rows.writerow(["3", "Rice", "Foodgrains, Oil & Masala", "Grain", "Long grain."])
-    # the default spec and an [extract] schema: a third job per product
+    # the default spec, categories by the hybrid method and an [extract] schema: a third job per
+    # product. Product 2's neighbours all say Beverages (share 1: the vote decides, no job); product
+    # 1's are split (share 0.53: the model classifies it)
     spec = tmp_path / "shop.toml"
-    spec.write_text('[extract.fields]\nunit = { enum = ["g", "kg"] }\n[extract.sampling]\nmax_tokens = 24\n')
+    spec.write_text('[classify]\nmethod = "hybrid"\nvote_threshold = 0.9\n'
+                    '[extract.fields]\nunit = { enum = ["g", "kg"] }\n[extract.sampling]\nmax_tokens = 24\n')
     started_s = time.monotonic()
     done = weir(
         "enrich", str(catalog), "--limit", "2", "--spec", str(spec),
@@ -402,20 +405,24 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
     found = re.search(r"^wall time: +([0-9.]+) s \(the batch ([0-9.]+) s\)$", done.stdout, re.M)
     wall_s, batch_s = float(found.group(1)), float(found.group(2))
     assert batch_s < wall_s <= real_s and wall_s >= real_s / 2
-    assert "jobs:                6 succeeded, 0 failed" in done.stdout
+    assert "jobs:                5 succeeded, 0 failed" in done.stdout
     assert "category accuracy:" in done.stdout and "over 2 products" in done.stdout
     with sqlite3.connect(tmp_path / "weir.db") as db:
         rows = db.execute(
             "SELECT product_id, category IS NOT NULL, description IS NOT NULL, quality IS NOT NULL "
             "FROM product_enrichment "
             "ORDER BY product_id").fetchall()
+        methods = db.execute("SELECT product_id, category_method, category_confidence FROM product_enrichment "
+                             "ORDER BY product_id").fetchall()
+        classified = db.execute("SELECT custom_id FROM jobs WHERE kind = 'classify'").fetchall()
         attributes = db.execute(
             "SELECT e.attributes, j.finish_reason, j.parsed FROM product_enrichment e JOIN jobs j "
             "ON j.custom_id = e.product_id || '/attributes' ORDER BY e.product_id").fetchall()
         batch = db.execute("SELECT status, num_jobs, num_succeeded FROM batches").fetchall()
     assert rows == [("1", 1, 1, 1), ("2", 1, 1, 1)]
+    assert (methods[0][:2], methods[1]) == (("1", "llm"), ("2", "knn", 1.0)) and classified == [("1/category",)]
     assert "descriptions clean:" in done.stdout
-    assert batch == [("completed", 6, 6)]
+    assert batch == [("completed", 5, 5)]
     # a finished extraction is the schema's object, the same value as its job's parsed output
     for stored, finish_reason, parsed in attributes:
         if finish_reason == "stop":
