@@ -70,6 +70,11 @@ def check_config_file(src: ModelSource) -> None:
     text = raw.get("text_config") if raw["model_type"] == "gemma3" else raw
     if raw["model_type"] != "gemma3":
         _check_model_type(raw["model_type"])
+    for key in ("rope_scaling", "rope_parameters"):
+        value = text.get(key) if isinstance(text, dict) else None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{path}: {key}={value!r} is not a table of rope parameters "
+                             '(e.g. {"rope_type": "linear", "factor": 2.0})')
     if isinstance(text, dict) and isinstance(text.get("num_hidden_layers"), int):
         layer_sliding_windows(SimpleNamespace(
             model_type=text.get("model_type", raw["model_type"]), num_hidden_layers=text["num_hidden_layers"],
@@ -105,16 +110,21 @@ def check_config(config) -> None:
 
     Raises ``ValueError`` for a ``model_type`` not in ``weir.engine.models.MODEL_CLASSES``, an
     ``attn_logit_softcapping`` that is set, or a ``rope_parameters``/``rope_scaling`` ``rope_type``
-    in ``UNSUPPORTED_ROPE_TYPES`` (in any layer type's entry, where they are keyed by layer type).
+    that transformers does not know or that is in ``UNSUPPORTED_ROPE_TYPES`` (in any layer type's entry, where they are keyed by layer type).
     """
     _check_model_type(config.model_type)
     softcap = getattr(config, "attn_logit_softcapping", None)
     if softcap is not None:
         raise ValueError(f"attn_logit_softcapping={softcap!r} is not supported: weir's attention "
                          "does not soft-cap its logits")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     for key in ("rope_parameters", "rope_scaling"):
         for where, rope in _rope_entries(getattr(config, key, None)):
             rope_type = rope.get("rope_type", rope.get("type"))
+            if rope_type is not None and rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+                raise ValueError(f"{key}{where} rope_type={rope_type!r} is not a rope type transformers knows "
+                                 f"({', '.join(['default', *ROPE_INIT_FUNCTIONS])})")
             if rope_type in UNSUPPORTED_ROPE_TYPES:
                 raise ValueError(f"{key}{where} rope_type={rope_type!r} is not supported: its cos/sin depend "
                                  "on the sequence length, and weir precomputes them once")

@@ -753,18 +753,18 @@ def how_categories_are_chosen(spec: JobSpec) -> str:
 
 def neighbour_vote_accuracy(catalog: Catalog, products: list[Product]) -> Optional[float]:
     """Share of ``products`` whose category the nearest-neighbour vote alone gets right: the
-    categories of the spec's ``num_exemplars`` nearest labelled products (those a prompt shows),
-    weighted by similarity (:meth:`weir.jobs.catalog.exemplars.ExemplarIndex.vote`; a tie goes to the
-    nearest). None when ``products`` is empty or the catalog has no labelled pool."""
+    ``knn`` method's vote (:func:`category_votes`) of the spec's ``num_neighbours`` nearest labelled
+    products under a vote method, else of its ``num_exemplars`` (those a prompt shows); a product
+    no labelled product is similar to gets no category. None when ``products`` is empty or the
+    catalog has no labelled pool."""
     if not products or not catalog.pool:
         return None
-    index = ExemplarIndex(catalog.pool)
-    k = catalog.spec.classify.num_exemplars
-    num_correct = 0
-    for product in products:
-        votes = index.vote(product.product_id, product.name, product.brand, k)
-        num_correct += bool(votes) and max(votes, key=votes.get) == product.category
-    return num_correct / len(products)
+    c = catalog.spec.classify
+    k = c.num_neighbours if c.method in VOTE_METHODS else c.num_exemplars
+    knn = dataclasses.replace(catalog, spec=catalog.spec.model_copy(update={"classify": c.model_copy(
+        update={"method": "knn", "num_neighbours": k})}))
+    votes = category_votes(knn, products)
+    return sum(votes[p.product_id].label == p.category for p in products) / len(products)
 
 
 def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float,

@@ -99,6 +99,9 @@ def test_text_to_an_engine_without_a_tokenizer_names_why_it_has_none(tmp_path):
     ({"layer_types": ["full_attention"]}, "layer_types has 1 entries for 2 layers"),
     ({"layer_types": ["full_attention", "chunked_attention"]},
      "layer_types ['chunked_attention'] are not supported; weir runs ['sliding_attention', 'full_attention']"),
+    ({"rope_scaling": "linear"}, "config.json: rope_scaling='linear' is not a table of rope parameters"),
+    ({"rope_scaling": {"rope_type": "banana", "factor": 2.0}},
+     "rope_parameters rope_type='banana' is not a rope type transformers knows (default, linear, "),
 ])
 def test_a_config_file_weir_cannot_run_is_refused_before_transformers_reads_it(tmp_path, change, message):
     tiny_llama(tmp_path)

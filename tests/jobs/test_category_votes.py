@@ -139,3 +139,15 @@ def test_the_summary_counts_voted_categories_beside_the_model_s():
     assert (summary.num_classified, summary.decisions) == (3, {"category": {"auto": 2, "review": 1}})
     assert summary.format().splitlines()[5].startswith("category accuracy:   66.7 % over 3 products")
     assert summary.reasons == {"category": [("low_confidence", 1)]}
+
+
+def test_the_summary_s_vote_baseline_is_the_knn_method_s_own_vote():
+    """Under ``knn`` the baseline line and the category accuracy are one vote: a and b right, c
+    wrong, and d, which no labelled product resembles (every similarity 0), has no category."""
+    knn = catalog_with("knn", vote_threshold=0.9)
+    products = PRODUCTS + [Product("d", "Qqq Zzz", "", "Tea", "")]
+    knn = dataclasses.replace(knn, products=products)
+    votes = category_votes(knn, products)
+    assert votes["d"].label is None
+    summary = summarize(knn, [], wall_s=1.0, votes=votes)
+    assert summary.accuracy == summary.neighbour_vote_accuracy == 2 / 4
