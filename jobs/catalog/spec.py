@@ -186,12 +186,12 @@ class Classify(_Table):
     num_exemplars: int = Field(4, ge=1)
     num_neighbours: int = Field(10, ge=1)
     """How many nearest labelled products vote (``knn``, ``hybrid``)."""
-    vote_threshold: float = Field(0.0, ge=0.0, le=1.0)
+    vote_threshold: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     """The vote's share (its label's summed similarity over all the neighbours') at and above which
     the vote's category is ``auto`` (``knn``: below it ``review``, ``low_confidence``) or decides
     without the model (``hybrid``, which needs it above 0)."""
     header: str = CLASSIFY_HEADER
-    review_below: float = Field(0.0, ge=0.0, le=1.0)
+    review_below: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     """A category whose probability (the model's) is below this is ``review`` (``low_confidence``); 0: never."""
 
     @model_validator(mode="after")
@@ -453,6 +453,10 @@ def _spec_error(where: str, error: dict[str, Any]) -> SpecError:
         return SpecError(f"{where}: [{table}] {key} must be one of {', '.join(choices)}, got {value!r}")
     if kind == "greater_than_equal":
         return SpecError(f"{where}: [{table}] {key} must be >= {error['ctx']['ge']}, got {value!r}")
+    if kind == "less_than_equal":
+        return SpecError(f"{where}: [{table}] {key} must be <= {error['ctx']['le']}, got {value!r}")
+    if kind == "finite_number":
+        return SpecError(f"{where}: [{table}] {key} must be a finite number, got {value!r}")
     if kind in _TYPE_NAMES:
         return SpecError(f"{where}: [{table}] {key} must be {_TYPE_NAMES[kind]}, got {value!r}")
     return SpecError(f"{where}: [{table}] {key}: {error['msg']}")
