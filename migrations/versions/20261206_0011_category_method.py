@@ -36,6 +36,7 @@ VIEW = (
     "attributes, attributes_decision, attributes_reasons, attributes_confidence, model, source_batch_id, source_batch_created_at, "
     "updated_at FROM product_enrichment"
 )
+# 0010's view, copied rather than imported: a revision stands alone, as it ran
 OLD_VIEW = (
     "SELECT catalog, product_id, category, category_confidence, category_decision, category_reasons, "
     "description, quality, description_decision, description_reasons, "
