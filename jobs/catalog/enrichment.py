@@ -499,11 +499,14 @@ def category_votes(catalog: Catalog, products: Iterable[Product],
 
 
 def catalog_requests(catalog: Catalog, plan: Optional["EnrichmentPlan"] = None,
-                     votes: Optional[dict[str, Vote]] = None) -> list[JobRequest]:
+                     votes: Optional[dict[str, Vote]] = None,
+                     index: Optional[ExemplarIndex] = None) -> list[JobRequest]:
     """The requests (:func:`product_requests`) of every product, or of ``plan``'s products to
     enrich with their fingerprints, product by product; no classification job for the products
-    ``votes`` decided (None: :func:`category_votes` of those products)."""
-    index = exemplar_index(catalog)
+    ``votes`` decided (None: :func:`category_votes` of those products). ``index``: the catalog's
+    :func:`exemplar_index` when the caller has it (None: built here)."""
+    if index is None:
+        index = exemplar_index(catalog)
     products = catalog.products if plan is None else plan.todo
     if votes is None:
         votes = category_votes(catalog, products, index)
@@ -609,9 +612,10 @@ def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[
         ValueError: two products share an id (their custom_ids collide); nothing was stored.
     """
     products = catalog.products if plan is None else plan.todo
+    index = exemplar_index(catalog)  # one TF-IDF fit for the votes and the exemplars
     if votes is None:
-        votes = category_votes(catalog, products)
-    requests = catalog_requests(catalog, plan, votes)
+        votes = category_votes(catalog, products, index)
+    requests = catalog_requests(catalog, plan, votes, index)
     if not requests:
         return None
     key = catalog_key(catalog)
