@@ -498,6 +498,12 @@ def category_votes(catalog: Catalog, products: Iterable[Product],
     return votes
 
 
+def vote_review_below(spec: JobSpec) -> Optional[float]:
+    """The vote share below which a voted category is ``review``: ``vote_threshold`` under ``knn``;
+    None under ``hybrid``, whose voted categories all reach it."""
+    return spec.classify.vote_threshold if spec.classify.method == "knn" else None
+
+
 def catalog_requests(catalog: Catalog, plan: Optional["EnrichmentPlan"] = None,
                      votes: Optional[dict[str, Vote]] = None,
                      index: Optional[ExemplarIndex] = None) -> list[JobRequest]:
@@ -634,10 +640,9 @@ def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[
     if votes:
         from weir.jobs.catalog.store import record_votes
 
-        classify = catalog.spec.classify
         with client.session_factory.begin() as session:
             record_votes(session, key, list(votes.values()), batch_id, model=client.model,
-                         review_below=classify.vote_threshold if classify.method == "knn" else None,
+                         review_below=vote_review_below(catalog.spec),
                          fingerprints=None if plan is None else plan.fingerprints,
                          product_fields=product_fields(catalog.spec))
     return batch_id
@@ -816,7 +821,7 @@ def summarize(catalog: Catalog, results: Iterable[dict[str, Any]], wall_s: float
     num_correct = sum(label == category for (_, label), category in zip(chosen, categories))
     majority = Counter(categories).most_common(1)
     rate_s = wall_s if batch_s is None else batch_s
-    review_below = catalog.spec.classify.vote_threshold if catalog.spec.classify.method == "knn" else None
+    review_below = vote_review_below(catalog.spec)
     decisions, reasons, num_publishable = _decision_counts(results, {
         product_id: judge_category(v.label, v.share, review_below) for product_id, v in (votes or {}).items()})
     return EnrichmentSummary(
