@@ -38,7 +38,10 @@ def load_config(src: ModelSource):
 
     check_config_file(src)
     config = language_config(AutoConfig.from_pretrained(src.path, **src.hf_kwargs()))
-    check_config(config)
+    try:
+        check_config(config)
+    except ValueError as e:
+        raise ValueError(f"{src.location if src.gguf_file else os.path.join(src.path, 'config.json')}: {e}") from None
     return config
 
 
@@ -49,7 +52,7 @@ def check_config_file(src: ModelSource) -> None:
     (:func:`weir.engine.models.sliding_window.layer_sliding_windows` on the file's own values).
 
     Raises:
-        ValueError: one line naming the key.
+        ValueError: one line naming the file and the key.
         FileNotFoundError: a folder without ``config.json``.
     """
     from weir.engine.weight_loader import GGUF_ARCHITECTURES
@@ -68,18 +71,21 @@ def check_config_file(src: ModelSource) -> None:
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise ValueError(f"{path} has no model_type; weir runs {_supported_types()}")
     text = raw.get("text_config") if raw["model_type"] == "gemma3" else raw
-    if raw["model_type"] != "gemma3":
-        _check_model_type(raw["model_type"])
-    for key in ("rope_scaling", "rope_parameters"):
-        value = text.get(key) if isinstance(text, dict) else None
-        if value is not None and not isinstance(value, dict):
-            raise ValueError(f"{path}: {key}={value!r} is not a table of rope parameters "
-                             '(e.g. {"rope_type": "linear", "factor": 2.0})')
-    if isinstance(text, dict) and isinstance(text.get("num_hidden_layers"), int):
-        layer_sliding_windows(SimpleNamespace(
-            model_type=text.get("model_type", raw["model_type"]), num_hidden_layers=text["num_hidden_layers"],
-            layer_types=text.get("layer_types"), sliding_window=text.get("sliding_window"),
-            use_bidirectional_attention=text.get("use_bidirectional_attention", False)))
+    try:
+        if raw["model_type"] != "gemma3":
+            _check_model_type(raw["model_type"])
+        for key in ("rope_scaling", "rope_parameters"):
+            value = text.get(key) if isinstance(text, dict) else None
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"{key}={value!r} is not a table of rope parameters "
+                                 '(e.g. {"rope_type": "linear", "factor": 2.0})')
+        if isinstance(text, dict) and isinstance(text.get("num_hidden_layers"), int):
+            layer_sliding_windows(SimpleNamespace(
+                model_type=text.get("model_type", raw["model_type"]), num_hidden_layers=text["num_hidden_layers"],
+                layer_types=text.get("layer_types"), sliding_window=text.get("sliding_window"),
+                use_bidirectional_attention=text.get("use_bidirectional_attention", False)))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def _supported_types() -> tuple:
