@@ -195,11 +195,25 @@ class Classify(_Table):
     """A category whose probability (the model's) is below this is ``review`` (``low_confidence``); 0: never."""
 
     @model_validator(mode="after")
-    def _hybrid_needs_a_threshold(self) -> "Classify":
+    def _keys_of_the_method(self) -> "Classify":
         if self.method == "hybrid" and self.vote_threshold <= 0:
             raise ValueError("[classify] method = \"hybrid\" needs vote_threshold above 0 (at 0 the vote "
                              "decides every product: method = \"knn\")")
+        unused = sorted(self.model_fields_set & (
+            {"num_neighbours", "vote_threshold"} if self.method not in VOTE_METHODS
+            else {"num_exemplars", "review_below"} if self.method == "knn" else set()))
+        if unused:
+            raise ValueError(f"[classify] {unused[0]} does nothing under method = {self.method!r} "
+                             f"({CLASSIFY_KEYS_USED[unused[0]]}): remove it, or choose that method")
         return self
+
+
+CLASSIFY_KEYS_USED = {
+    "num_neighbours": "used by knn and hybrid", "vote_threshold": "used by knn and hybrid",
+    "num_exemplars": "used by exemplars and hybrid", "review_below": "the model's probability: exemplars, "
+    "zero_shot and hybrid"}
+"""Which ``[classify]`` methods read each method-specific key (a spec that sets one its method
+ignores is refused)."""
 
 
 DESCRIBE_RETRY_SAMPLING = dict(repetition_penalty=1.1, frequency_penalty=0.3)

@@ -12,7 +12,7 @@ from weir.jobs.catalog.enrichment import (
     Catalog, Product, Vote, catalog_key, catalog_requests, category_votes, enqueue_catalog, spec_version, summarize,
 )
 from weir.jobs.catalog.exemplars import Labelled
-from weir.jobs.catalog.spec import JobSpec, SpecError, parse_spec
+from weir.jobs.catalog.spec import VOTE_METHODS, JobSpec, SpecError, parse_spec
 from weir.jobs.catalog.store import record_votes
 from weir.jobs.catalog.tables import ProductEnrichment
 from weir.jobs.db import Job, JobKind
@@ -27,7 +27,8 @@ PRODUCTS = [Product("a", "Green Tea Pack", "", "Tea", ""), Product("b", "Lavende
 
 def catalog_with(method, **classify):
     """A catalog of ``PRODUCTS`` voted by 2 neighbours from ``POOL``, at a path no other test uses."""
-    spec = parse_spec({"classify": {"method": method, "num_neighbours": 2, **classify}})
+    voters = {"num_neighbours": 2} if method in VOTE_METHODS else {}
+    spec = parse_spec({"classify": {"method": method, **voters, **classify}})
     return Catalog(f"/data/votes-{uuid.uuid4().hex}.csv", PRODUCTS, ["Soap", "Tea"], pool=POOL, spec=spec)
 
 
