@@ -3,6 +3,7 @@ products per shipped catalog, each description marked by hand supported or unsup
 
     python -m bench.grounding_sample generate [--catalogs bigbasket,flipkart] [--num 100] [--part tuning]
     python -m bench.grounding_sample report   [--catalogs bigbasket,flipkart] [--part tuning]
+    python -m bench.grounding_sample generate --part heldout --num 300   (then report --part heldout)
 
 ``generate`` draws ``--num`` products (seed 25) from the second half of each catalog file (the
 rows no prompt, exemplar or threshold was tuned on), writes each one's description and attribute
@@ -19,6 +20,10 @@ checker's code; ``unsupported`` lists the description's phrases the listing does
 and ``label``, ``unsupported`` when any reader found an unsupported claim (null until labelled). ``--part tuning``
 draws as many from the first half of each file instead, into ``tests/data/grounding/tuning/``:
 the rows the grounding check's rules were tuned on, kept apart from the sample they are judged on.
+``--part heldout`` draws ``--num`` more products from the second half (seed 26, none of the
+sample's) and extracts their attributes only, into ``tests/data/grounding/heldout/``: the
+extraction's figures on rows no evidence kind or extraction rule was written after (the catalogs'
+own truth needs no reader, so these rows need no labels).
 
 The labelling rule: a description is ``unsupported`` when it states any checkable fact the
 listing (title, brand, category, source description) does not: a product type, material or
@@ -49,10 +54,12 @@ DATA = os.path.join(REPO_ROOT, "..", "shared", "data")
 FILES = {"bigbasket": "bigbasket_products.csv", "flipkart": "flipkart_products.csv"}
 SAMPLE_DIR = os.path.join(REPO_ROOT, "tests", "data", "grounding")
 SEED = 25
+HELDOUT_SEED = 26
+PARTS = ("sample", "tuning", "heldout")
 
 
 def sample_path(catalog: str, part: str = "sample") -> str:
-    return os.path.join(SAMPLE_DIR, *(["tuning"] if part == "tuning" else []), f"{catalog}.jsonl")
+    return os.path.join(SAMPLE_DIR, *([part] if part != "sample" else []), f"{catalog}.jsonl")
 
 
 def read_sample(catalog: str, part: str = "sample") -> list[dict[str, Any]]:
@@ -81,13 +88,16 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     middle = len(catalog.products) // 2
     half = catalog.products[:middle] if part == "tuning" else catalog.products[middle:]
     products = random.Random(SEED).sample(half, num)
+    if part == "heldout":  # attributes only, on products the sample does not hold
+        taken = {row["product_id"] for row in read_sample(catalog_name)}
+        products = random.Random(HELDOUT_SEED).sample([p for p in half if p.product_id not in taken], num)
     key = catalog_key(catalog)
     truth = read_truth(path, spec.columns.id, TRUTH_FIELDS[catalog_name], [p.product_id for p in products])
     llm = LLM(None, max_model_len=2048)
 
-    describe = [describe_request(p, spec, key) for p in products]
+    describe = [describe_request(p, spec, key) for p in products] if part != "heldout" else []
     prompts = [llm.encode_prompt(r.engine_prompt()) for r in describe]
-    first = [o.outputs[0] for o in llm.generate(prompts, [r.sampling_params() for r in describe])]
+    first = [o.outputs[0] for o in llm.generate(prompts, [r.sampling_params() for r in describe])] if describe else []
     final = list(first)
     retry = [i for i, c in enumerate(first) if description_quality(c.text) != OK]
     if retry and spec.describe.retry_sampling:
@@ -105,8 +115,9 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     with open(path, "w", encoding="utf-8") as f:
         for i, p in enumerate(products):
             row = dict(product_id=p.product_id, name=p.name, brand=p.brand, category=p.category,
-                       source_description=p.description, description=final[i].text,
-                       description_finish_reason=final[i].finish_reason)
+                       source_description=p.description)
+            if final:
+                row.update(description=final[i].text, description_finish_reason=final[i].finish_reason)
             if extracted:
                 c = extracted[i]
                 try:
@@ -116,7 +127,8 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
                 facts = truth.get(p.product_id, {})
                 row.update(attributes_text=c.text, attributes=parsed, attributes_finish_reason=c.finish_reason,
                            truth={name: facts[where] for name, where in fields.items() if where in facts})
-            row.update(readers=[], label=None)
+            if final:
+                row.update(readers=[], label=None)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     print(f"{catalog_name}: {len(products)} products -> {path}")
 
@@ -179,11 +191,16 @@ def _share(a: int, b: int) -> str:
 
 def report(catalog_name: str, part: str = "sample") -> None:
     rows = read_sample(catalog_name, part)
-    d = description_figures(rows)
-    labelled = d["auto"] - d["unlabelled"]
-    print(f"{catalog_name}: {len(rows)} descriptions  auto {d['auto']}  review {d['review']}  reject {d['reject']}  "
-          f"share auto {_share(d['auto'], len(rows))}  precision of auto {_share(labelled - d['auto_unsupported'], labelled)}"
-          f" ({d['auto_unsupported']} of {labelled} labelled auto unsupported; {d['unlabelled']} unlabelled)")
+    described = [row for row in rows if "description" in row]
+    if not described:
+        print(f"{catalog_name}: {len(rows)} products, attributes only")
+    else:
+        d = description_figures(described)
+        labelled = d["auto"] - d["unlabelled"]
+        print(f"{catalog_name}: {len(rows)} descriptions  auto {d['auto']}  review {d['review']}  reject {d['reject']}  "
+              f"share auto {_share(d['auto'], len(rows))}  "
+              f"precision of auto {_share(labelled - d['auto_unsupported'], labelled)}"
+              f" ({d['auto_unsupported']} of {labelled} labelled auto unsupported; {d['unlabelled']} unlabelled)")
     if any("attributes" in row for row in rows):
         for name, c in attribute_figures(rows, catalog_name).items():
             print(f"  {name:10s} values {c['values']:3d}  auto {c['auto']:3d} ({_share(c['auto'], c['values'])})  "
@@ -198,7 +215,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("command", choices=["generate", "report"])
     ap.add_argument("--catalogs", default="bigbasket,flipkart")
     ap.add_argument("--num", type=int, default=100)
-    ap.add_argument("--part", choices=["sample", "tuning"], default="sample")
+    ap.add_argument("--part", choices=PARTS, default="sample")
     args = ap.parse_args(argv)
     for name in args.catalogs.split(","):
         generate(name, args.num, args.part) if args.command == "generate" else report(name, args.part)

@@ -76,3 +76,24 @@ def test_description_decisions_on_the_labelled_sample(catalog):
 @pytest.mark.parametrize("catalog", sorted(ATTRIBUTES))
 def test_attribute_decisions_on_the_labelled_sample(catalog):
     assert attribute_figures(read_sample(catalog), catalog) == ATTRIBUTES[catalog]
+
+
+FIGURE_KEYS = ("values", "auto", "auto_with_truth", "auto_correct", "truth_absent", "null_where_absent")
+HELDOUT_ATTRIBUTES = {  # 300 more products per catalog, extracted only, none of the sample's
+    "bigbasket": {"brand": (300, 47, 47, 47, 0, 0)},
+    "flipkart": {"brand": (300, 250, 150, 147, 124, 0), "type": (300, 0, 0, 0, 86, 0),
+                 "color": (299, 101, 61, 58, 146, 0), "material": (300, 57, 26, 23, 174, 0),
+                 "ideal_for": (300, 64, 64, 61, 147, 0), "model_name": (300, 0, 0, 0, 172, 0),
+                 "pack_of": (300, 57, 8, 8, 264, 0)},
+}
+
+
+@pytest.mark.parametrize("catalog", sorted(HELDOUT_ATTRIBUTES))
+def test_attribute_decisions_on_the_held_out_extractions(catalog):
+    """The rows no evidence kind or extraction rule was written after (``--part heldout``)."""
+    rows = read_sample(catalog, "heldout")
+    sample_ids = {row["product_id"] for row in read_sample(catalog)}
+    assert len(rows) == 300 and not sample_ids & {row["product_id"] for row in rows}
+    assert all("description" not in row for row in rows)
+    figures = attribute_figures(rows, catalog)
+    assert {name: tuple(c[k] for k in FIGURE_KEYS) for name, c in figures.items()} == HELDOUT_ATTRIBUTES[catalog]
