@@ -16,8 +16,10 @@ offset), applied to each tensor as ``from_pretrained(gguf_file=...)`` applies it
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import threading
 from typing import Iterator, Optional
 
 import torch
@@ -155,13 +157,25 @@ def _iter_gguf(src: ModelSource, config) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, torch.from_numpy(np.require(processed.weights, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
 
 
+_NAME_TABLE_LOCK = threading.Lock()
+
+
 def gguf_to_hf_names(config, processor: Optional[object] = None) -> dict[str, str]:
     """transformers' map from GGUF tensor names (``blk.0.attn_q.weight``) to its own
     (``model.layers.0.self_attn.q_proj.weight``) for ``config``'s architecture, computed on a model
     built on the ``meta`` device (no weights allocated)."""
+    import gguf
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
     with torch.device("meta"):
         meta_model = AutoModelForCausalLM.from_config(config)
-    return get_gguf_hf_weights_map(meta_model, processor or TensorProcessor())
+    # transformers walks every submodule and builds gguf's name table again for each (about 400
+    # times, 15 ms each, for a 30-layer model): the table depends only on (architecture, layers)
+    with _NAME_TABLE_LOCK:
+        build_table = gguf.get_tensor_name_map
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(build_table)
+        try:
+            return get_gguf_hf_weights_map(meta_model, processor or TensorProcessor())
+        finally:
+            gguf.get_tensor_name_map = build_table
