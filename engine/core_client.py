@@ -8,12 +8,12 @@ busy job side (Celery's consumer, claims, group commit, leases, metrics) cannot 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import threading
 import time
 from typing import Optional
 
-from weir.engine.core import CoreCall, EngineDeadError, run_engine_core
+from weir.engine.core import CoreCall, EngineDeadError
+from weir.engine.core_process import start_core_process
 from weir.engine.front import FrontBase
 from weir.engine.input_processor import InputProcessor
 
@@ -43,6 +43,8 @@ class EngineCoreClient(FrontBase):
         num_threads: intra-op threads of the engine core's torch (None: torch's default).
         cpu_affinity: CPUs the engine core may run on (None: all).
         iteration_timeout_s: a busy core silent this long is killed as wedged.
+        started: ``(process, connection)`` from :func:`weir.engine.core_process.start_core_process`
+            called with the same arguments (it then owns both); None: it starts the process itself.
 
     Raises:
         RuntimeError: the engine core process died before it was ready.
@@ -55,13 +57,11 @@ class EngineCoreClient(FrontBase):
 
     def __init__(self, engine_args: dict, *, collect_stats: bool = False, num_threads: Optional[int] = None,
                  cpu_affinity: Optional[list[int]] = None,
-                 iteration_timeout_s: float = DEFAULT_ITERATION_TIMEOUT_S):
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=run_engine_core, name="weir-engine-core", daemon=True,
-                                   args=(child_conn, engine_args, collect_stats, num_threads, cpu_affinity))
-        self.process.start()
-        child_conn.close()
+                 iteration_timeout_s: float = DEFAULT_ITERATION_TIMEOUT_S, started: Optional[tuple] = None):
+        if started is None:
+            started = start_core_process(engine_args, collect_stats=collect_stats, num_threads=num_threads,
+                                         cpu_affinity=cpu_affinity)
+        self.process, self._conn = started
         try:
             tokenizer = _load_tokenizer(engine_args)  # while the core loads the model
             kind, info = self._receive_ready()

@@ -140,25 +140,36 @@ class WorkerRuntime:
                 the model loads).
             FileNotFoundError, ValueError: the model or an engine argument is unusable.
         """
-        from weir.engine import LLM, EngineFront
-        from weir.engine.core_client import EngineCoreClient
-        from weir.worker.metrics import attach
+        from weir.engine.core_process import start_core_process
         from weir.engine.openmp import limit_omp_spinning
         from weir.worker.placement import bind_process, plan
 
         settings = self.settings.worker
         if settings.metrics_port:
             self.metrics.serve(settings.metrics_port)
-            if settings.broker_url:
-                self._watch_queues()
+        started = None
         try:
             if settings.engine_multiprocessing:
+                # the engine core imports torch and loads the model while this process imports
+                # the rest (seconds of each, side by side)
                 placement = plan(settings.cpu_omp_threads_bind, settings.cpu_num_of_reserved_cpu)
                 spincount = limit_omp_spinning()
-                self.front = EngineCoreClient(self.settings.engine_args(), collect_stats=bool(settings.metrics_port),
+                engine_args, collect_stats = self.settings.engine_args(), bool(settings.metrics_port)
+                started = start_core_process(engine_args, collect_stats=collect_stats,
+                                             num_threads=placement.engine_threads, cpu_affinity=placement.engine_cpus)
+            from weir.engine import LLM, EngineFront
+            from weir.engine.core_client import EngineCoreClient
+            from weir.worker.metrics import attach
+
+            if settings.metrics_port and settings.broker_url:
+                self._watch_queues()
+            if settings.engine_multiprocessing:
+                self.front = EngineCoreClient(engine_args, collect_stats=collect_stats,
                                               num_threads=placement.engine_threads,
                                               cpu_affinity=placement.engine_cpus,
-                                              iteration_timeout_s=settings.engine_iteration_timeout_s)
+                                              iteration_timeout_s=settings.engine_iteration_timeout_s,
+                                              started=started)
+                started = None  # the client owns it
                 if placement.job_cpus is not None:
                     bind_process(placement.job_cpus)
                 logger.info("threads: %s, GOMP_SPINCOUNT %s", placement.describe(), spincount or "OpenMP's")
@@ -166,6 +177,8 @@ class WorkerRuntime:
                 self.llm = LLM(**self.settings.engine_args())
                 self.front = EngineFront(self.llm)
         except BaseException:
+            if started is not None:  # failed before the client took the process over
+                started[0].kill()
             self.metrics.close()
             raise
         if settings.metrics_port:
