@@ -104,3 +104,32 @@ def test_a_normal_shutdown_logs_the_database_writes_at_info(tmp_path, caplog):
         runtime.shutdown()
     assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "weir.worker.runtime"] == [
         ("INFO", "database writes: 0 operations in 0 transactions, 0.0 s in the database")]
+
+
+def test_a_start_that_fails_after_the_engine_core_was_spawned_leaves_no_engine_core(
+        slow_model_dir, tmp_path, monkeypatch):
+    """The engine core process is spawned before the worker imports the engine side: a failure in
+    between (here the client refusing) kills it rather than leaving it loading a model."""
+    from weir.engine import core_client, core_process
+
+    spawned = []
+
+    def spawn(*args, **kwargs):
+        spawned.append(real_spawn(*args, **kwargs))
+        return spawned[-1]
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("refused")
+
+    real_spawn = core_process.start_core_process
+    monkeypatch.setattr(core_process, "start_core_process", spawn)
+    monkeypatch.setattr(core_client, "EngineCoreClient", refuse)
+    runtime = WorkerRuntime(Settings(
+        engine=EngineSettings(model=slow_model_dir, device="cpu", max_num_seqs=2),
+        cache=CacheSettings(cpu_kv_cache_bytes=8 << 20),
+        database=DatabaseSettings(sqlite_path=str(tmp_path / "weir.db"))))
+    with pytest.raises(RuntimeError, match="refused"):
+        runtime.start()
+    [(process, _)] = spawned
+    process.join(10)
+    assert not process.is_alive()
