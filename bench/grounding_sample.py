@@ -87,10 +87,11 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     catalog = read_catalog(path, spec)
     middle = len(catalog.products) // 2
     half = catalog.products[:middle] if part == "tuning" else catalog.products[middle:]
-    products = random.Random(SEED).sample(half, num)
     if part == "heldout":  # attributes only, on products the sample does not hold
         taken = {row["product_id"] for row in read_sample(catalog_name)}
         products = random.Random(HELDOUT_SEED).sample([p for p in half if p.product_id not in taken], num)
+    else:
+        products = random.Random(SEED).sample(half, num)
     key = catalog_key(catalog)
     truth = read_truth(path, spec.columns.id, TRUTH_FIELDS[catalog_name], [p.product_id for p in products])
     llm = LLM(None, max_model_len=2048)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any, Optional
 
+
 def _main(*args: Any) -> None:
     from weir.engine.core import run_engine_core
 

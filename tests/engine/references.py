@@ -36,11 +36,13 @@ def read_reference(name: str) -> dict[str, Any]:
 
 
 def hf_model(path: str):
-    """transformers' own model of a GGUF file, fp32, eval mode."""
+    """transformers' own model of ``path`` (a GGUF file or a model folder), fp32, eval mode."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                dtype=torch.float32).eval()
+    from weir.model_source import resolve_model
+
+    src = resolve_model(path)
+    return AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32, **src.hf_kwargs()).eval()
 
 
 def hf_tokens(model, prompts: list[list[int]], max_tokens: int, eos_token_ids) -> list[list[int]]:
