@@ -25,6 +25,7 @@ from weir.engine.engine_args import EngineArgs
 from weir.engine.input_processor import InputProcessor
 from weir.engine.kv_cache_manager import KVCacheManager, freeable_window
 from weir.engine.loader import check_config, language_config, load_config, load_generation_eos_ids, load_tokenizer, resolve_model
+from weir.gguf_metadata import shared_gguf_parse
 from weir.engine.model_runner import ModelRunner
 from weir.engine.models import MODEL_CLASSES
 from weir.engine.output_processor import DURATIONS, OutputProcessor
@@ -92,11 +93,12 @@ class LLMEngine:
         else:
             src = resolve_model(args.model)
             self.model_name = src.name
-            self.config = load_config(src)
-            if not args.skip_tokenizer_init:
-                self.tokenizer = load_tokenizer(resolve_model(args.tokenizer) if args.tokenizer else src,
-                                                self.config.vocab_size)
-            eos_ids = load_generation_eos_ids(src, self.config)
+            with shared_gguf_parse():
+                self.config = load_config(src)
+                if not args.skip_tokenizer_init:
+                    self.tokenizer = load_tokenizer(resolve_model(args.tokenizer) if args.tokenizer else src,
+                                                    self.config.vocab_size)
+                eos_ids = load_generation_eos_ids(src, self.config)
             if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
                 eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos_ids)

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from weir.engine.models.sliding_window import LAYER_TYPES, layer_sliding_windows
+from weir.gguf_metadata import shared_gguf_parse
 from weir.model_source import ModelSource, gguf_architecture, load_tokenizer, resolve_model  # noqa: F401  (the engine's loaders)
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,8 @@ def load_config(src: ModelSource):
     from transformers import AutoConfig
 
     check_config_file(src)
-    config = language_config(AutoConfig.from_pretrained(src.path, **src.hf_kwargs()))
+    with shared_gguf_parse():
+        config = language_config(AutoConfig.from_pretrained(src.path, **src.hf_kwargs()))
     try:
         check_config(config)
     except ValueError as e:

@@ -3,9 +3,10 @@ them (``model.layers.0.self_attn.q_proj.weight`` ...), for ``*ForCausalLM.load_w
 
 No transformers model is built with real storage: a safetensors file is memory-mapped
 (``safetensors.safe_open``) and read tensor by tensor, a ``pytorch_model*.bin`` is opened with
-``torch.load(mmap=True)``, and a GGUF file (``gguf.GGUFReader``, memory-mapped) is de-quantized
-tensor by tensor. While the caller copies each tensor into its parameter, memory holds the model
-plus one checkpoint tensor, not a second copy of the model.
+``torch.load(mmap=True)``, and a GGUF file (its tensor index read by :mod:`weir.gguf_file`,
+memory-mapped) is de-quantized tensor by tensor with ``gguf.quants.dequantize``. While the caller
+copies each tensor into its parameter, memory holds the model plus one checkpoint tensor, not a
+second copy of the model.
 
 GGUF names and layouts are transformers' own (``transformers.modeling_gguf_pytorch_utils``): its
 GGUF-to-transformers name map, computed on a model built on the ``meta`` device (no storage), and
@@ -24,6 +25,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from weir.gguf_file import read_tensors
+from weir.gguf_metadata import shared_gguf_parse
 from weir.model_source import ModelSource
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -133,21 +136,21 @@ def _iter_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 def _iter_gguf(src: ModelSource, config) -> Iterator[tuple[str, torch.Tensor]]:
     import numpy as np
-    from gguf import GGUFReader
     from gguf.quants import dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    reader = GGUFReader(src.location)
-    architecture = reader.get_field("general.architecture").contents()
+    general, tensors = read_tensors(src.location)
+    architecture = general.get("general.architecture")
     if architecture not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {architecture!r} is not supported; weir loads {GGUF_ARCHITECTURES}")
     if config is None:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(src.path, **src.hf_kwargs())
+        with shared_gguf_parse():
+            config = AutoConfig.from_pretrained(src.path, **src.hf_kwargs())
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     hf_names = gguf_to_hf_names(config, processor)
-    for tensor in reader.tensors:
+    for tensor in tensors:
         processed = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
                                       tensor_key_mapping=hf_names, parsed_parameters={})
         name = hf_names.get(processed.name)

