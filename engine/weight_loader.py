@@ -167,18 +167,28 @@ def gguf_to_hf_names(config, processor: Optional[object] = None) -> dict[str, st
     """transformers' map from GGUF tensor names (``blk.0.attn_q.weight``) to its own
     (``model.layers.0.self_attn.q_proj.weight``) for ``config``'s architecture, computed on a model
     built on the ``meta`` device (no weights allocated)."""
-    import gguf
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
     with torch.device("meta"):
         meta_model = AutoModelForCausalLM.from_config(config)
-    # transformers walks every submodule and builds gguf's name table again for each (about 400
-    # times, 15 ms each, for a 30-layer model): the table depends only on (architecture, layers)
+    with memoised_gguf_name_table():
+        return get_gguf_hf_weights_map(meta_model, processor or TensorProcessor())
+
+
+@contextlib.contextmanager
+def memoised_gguf_name_table() -> Iterator[None]:
+    """While inside, ``gguf.get_tensor_name_map`` is memoised. transformers' GGUF name mapping
+    (``get_gguf_hf_weights_map``, also inside ``from_pretrained(gguf_file=...)``) walks every
+    submodule and builds gguf's name table again for each (about 400 times, 15 ms each, for a
+    30-layer model); the table depends only on its arguments (architecture, number of layers).
+    One caller at a time (a lock), restored on leaving."""
+    import gguf
+
     with _NAME_TABLE_LOCK:
         build_table = gguf.get_tensor_name_map
         gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(build_table)
         try:
-            return get_gguf_hf_weights_map(meta_model, processor or TensorProcessor())
+            yield
         finally:
             gguf.get_tensor_name_map = build_table

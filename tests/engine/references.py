@@ -39,10 +39,14 @@ def hf_model(path: str):
     """transformers' own model of ``path`` (a GGUF file or a model folder), fp32, eval mode."""
     from transformers import AutoModelForCausalLM
 
+    from weir.engine.weight_loader import memoised_gguf_name_table
+    from weir.gguf_metadata import shared_gguf_parse
     from weir.model_source import resolve_model
 
     src = resolve_model(path)
-    return AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32, **src.hf_kwargs()).eval()
+    # the same model, loaded faster: transformers' config parse and GGUF name table done once
+    with shared_gguf_parse(), memoised_gguf_name_table():
+        return AutoModelForCausalLM.from_pretrained(src.path, dtype=torch.float32, **src.hf_kwargs()).eval()
 
 
 def hf_tokens(model, prompts: list[list[int]], max_tokens: int, eos_token_ids) -> list[list[int]]:
