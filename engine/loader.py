@@ -16,8 +16,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from weir.engine.models.sliding_window import LAYER_TYPES, layer_sliding_windows
+from weir.gguf_file import read_tensors
 from weir.gguf_metadata import shared_gguf_parse
-from weir.model_source import ModelSource, gguf_architecture, load_tokenizer, resolve_model  # noqa: F401  (the engine's loaders)
+from weir.model_source import ModelSource, load_tokenizer, resolve_model  # noqa: F401  (the engine's loaders)
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,10 @@ def check_config_file(src: ModelSource) -> None:
     from weir.engine.weight_loader import GGUF_ARCHITECTURES
 
     if src.gguf_file:
-        architecture = gguf_architecture(src.location)
+        # the whole tensor index, checked against the file's size (a tenth of a second): a truncated
+        # download is refused here, naming the file, before transformers' parse fails inside gguf
+        general, _tensors = read_tensors(src.location)
+        architecture = general.get("general.architecture")
         if architecture not in GGUF_ARCHITECTURES:
             raise ValueError(f"GGUF general.architecture {architecture!r} is not supported; weir loads "
                              f"{GGUF_ARCHITECTURES}")

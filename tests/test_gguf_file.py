@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import struct
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
@@ -73,3 +76,43 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     path.write_bytes(b"GGUF" + (7).to_bytes(4, "little") + bytes(16))
     with pytest.raises(ValueError, match="GGUF version 7 is not read"):
         read_metadata(str(path), lambda key: True)
+
+
+@pytest.mark.parametrize("cut", [30, 200, 700])  # inside a key, inside the token array, inside the tensor index
+def test_a_header_cut_short_is_refused_naming_the_file(tmp_path, cut):
+    path = tmp_path / "m.gguf"
+    _write(path)
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+    for read in (read_tensors, lambda p: read_metadata(p, lambda key: True)):
+        with pytest.raises(ValueError, match=r"m\.gguf: truncated or corrupt GGUF header \(.*past the end of the file"):
+            read(str(path))
+
+
+def test_a_corrupt_length_or_type_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "m.gguf"
+    _write(path)
+    data = bytearray(path.read_bytes())
+    first_key_length = 24  # magic, version, tensor count, key/value count
+    broken = data[:first_key_length] + struct.pack("<Q", 2 ** 40) + data[first_key_length + 8:]
+    path.write_bytes(broken)
+    with pytest.raises(ValueError, match=r"m\.gguf: truncated or corrupt GGUF header \(1099511627776 bytes"):
+        read_metadata(str(path), lambda key: True)
+    _write(path)
+    assert len(read_tensors(str(path))[1]) == 4
+    type_at = bytes(data).index(b"d.bias") + len(b"d.bias") + 4 + 8  # after the name, num_dims, one dim
+    path.write_bytes(bytes(data[:type_at]) + struct.pack("<I", 99) + bytes(data[type_at + 4:]))
+    with pytest.raises(ValueError, match=r"m\.gguf: truncated or corrupt GGUF header \(tensor 'd\.bias' has an "
+                                         r"unknown ggml type 99\)"):
+        read_tensors(str(path))
+
+
+def test_a_half_downloaded_model_is_refused_before_transformers_reads_it(tmp_path):
+    from weir.engine.loader import load_config
+    from weir.model_source import resolve_model
+
+    path = tmp_path / "half.gguf"
+    with open(default_model_path(), "rb") as src, open(path, "wb") as dst:
+        dst.write(src.read(os.path.getsize(default_model_path()) // 2))
+    with pytest.raises(ValueError, match=r"half\.gguf: tensor '.*' lies past the end of the file \(truncated\?\)"):
+        load_config(resolve_model(str(path)))

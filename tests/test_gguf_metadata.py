@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import transformers.modeling_gguf_pytorch_utils as gguf_utils
@@ -97,3 +99,29 @@ def test_the_parse_is_restored_when_a_load_fails(parses):
             with gguf_metadata.shared_gguf_parse():
                 assert gguf_utils.load_gguf_checkpoint is not gguf_utils.load_gguf_checkpoint.transformers_parse
             raise RuntimeError("load failed")
+
+
+def test_a_file_replaced_with_its_mtime_kept_is_parsed_again(parses, fresh, tmp_path):
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(default_model_path(), path)
+    src = resolve_model(str(path))
+    _load(src)
+    stat = os.stat(path)
+    shutil.copyfile(default_model_path(), tmp_path / "new.gguf")  # same size, e.g. another quantization's
+    os.replace(tmp_path / "new.gguf", path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p, rsync -t and tar keep it
+    assert _load(src) == fresh
+    assert parses == ["model.gguf", "model.gguf"]
+
+
+def test_threads_loading_one_file_wait_for_one_parse(parses, fresh):
+    src = resolve_model(None)
+    barrier = threading.Barrier(4)
+
+    def load(_):
+        barrier.wait()
+        return _load(src)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(load, range(4))) == [fresh] * 4
+    assert len(parses) == 1

@@ -9,8 +9,9 @@ that function is answered from
 
 1. this process's parses (config and tokenizer share one), then
 2. a JSON file in :data:`CACHE_DIR`, written after the first parse of the file, keyed by the file's
-   real path, size and modification time and by the versions of transformers and gguf (a changed
-   file, or another transformers, parses again); a file that cannot be read or written is ignored.
+   real path, size, modification time, inode and status-change time and by the versions of
+   transformers and gguf (a changed or replaced file, or another transformers, parses again); a
+   cache file that cannot be read or written is ignored.
 
 Each caller gets its own copy. Only the metadata is cached; tensors are read from the GGUF file
 itself (:mod:`weir.gguf_file`). Deleting :data:`CACHE_DIR` is always safe.
@@ -38,6 +39,7 @@ FORMAT_VERSION = 1
 
 _LOCK = threading.Lock()
 _parses: dict[tuple, Any] = {}  # cache key -> transformers' parse, while a shared_gguf_parse() runs
+_key_locks: dict[tuple, threading.Lock] = {}
 _num_users = 0
 
 
@@ -46,8 +48,10 @@ def _cache_key(path: str) -> tuple:
     import transformers
 
     stat = os.stat(path)
-    return (FORMAT_VERSION, os.path.realpath(path), stat.st_size, stat.st_mtime_ns, transformers.__version__,
-            getattr(gguf, "__version__", None) or _distribution_version("gguf"))
+    # the inode and ctime too: a file replaced by one of the same size with its mtime kept (cp -p,
+    # rsync -t, tar) has a new inode or ctime, which no user can set back
+    return (FORMAT_VERSION, os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns,
+            transformers.__version__, getattr(gguf, "__version__", None) or _distribution_version("gguf"))
 
 
 def _distribution_version(name: str) -> Optional[str]:
@@ -97,13 +101,16 @@ def _write_cached(key: tuple, parsed: Any) -> None:
 
 def _parsed_once(parse, path: str) -> Any:
     key = _cache_key(path)
-    parsed = _parses.get(key)
-    if parsed is None:
-        parsed = _read_cached(key)
+    with _LOCK:
+        key_lock = _key_locks.setdefault(key, threading.Lock())
+    with key_lock:  # threads loading the same file wait for one parse
+        parsed = _parses.get(key)
         if parsed is None:
-            parsed = parse(path, return_tensors=False)
-            _write_cached(key, parsed)
-        _parses[key] = parsed
+            parsed = _read_cached(key)
+            if parsed is None:
+                parsed = parse(path, return_tensors=False)
+                _write_cached(key, parsed)
+            _parses[key] = parsed
     return copy.deepcopy(parsed)
 
 
@@ -139,3 +146,4 @@ def shared_gguf_parse() -> Iterator[None]:
             if _num_users == 0:
                 gguf_utils.load_gguf_checkpoint = gguf_utils.load_gguf_checkpoint.transformers_parse
                 _parses.clear()
+                _key_locks.clear()
