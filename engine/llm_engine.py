@@ -25,7 +25,6 @@ from weir.engine.engine_args import EngineArgs
 from weir.engine.input_processor import InputProcessor
 from weir.engine.kv_cache_manager import KVCacheManager, freeable_window
 from weir.engine.loader import check_config, language_config, load_config, load_generation_eos_ids, load_tokenizer, resolve_model
-from weir.gguf_metadata import shared_gguf_parse
 from weir.engine.model_runner import ModelRunner
 from weir.engine.models import MODEL_CLASSES
 from weir.engine.output_processor import DURATIONS, OutputProcessor
@@ -38,6 +37,7 @@ from weir.engine.scheduler import Scheduler, SchedulerOutput, SchedulerUpdate
 from weir.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats, StatLoggerBase
 from weir.engine.structured_outputs import StructuredOutputManager
 from weir.engine.weight_loader import iter_weights, no_init_weights
+from weir.gguf_metadata import shared_gguf_parse
 
 logger = logging.getLogger(__name__)
 

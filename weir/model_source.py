@@ -151,16 +151,6 @@ def gguf_vocab_size(path: str) -> Optional[int]:
     return None if size is None else int(size)
 
 
-def gguf_architecture(path: str) -> Optional[str]:
-    """``general.architecture`` from a GGUF file's metadata (``llama``, ``qwen3``, ``gemma3``, ...);
-    None when the file does not state it.
-
-    Raises:
-        ValueError: the file is not GGUF.
-    """
-    return read_metadata(path, lambda key: key == "general.architecture").get("general.architecture")
-
-
 def model_context_length(src: ModelSource) -> Optional[int]:
     """The model's own context length without loading it: the GGUF metadata, or
     ``max_position_embeddings`` of a folder's ``config.json``; None when neither states one."""
