@@ -310,6 +310,7 @@ def test_property_stop_strings_do_not_depend_on_chunking(tok, text, data, includ
     ids = encode(tok, text)
     full = tok.decode(ids)
     assume(REPLACEMENT_CHAR not in full)  # text left in the decoder (ends in U+FFFD) is never searched
+    assume(full)  # a text of control characters the tokenizer drops ("\x16") holds no stop string
     stops = [data.draw(texts(min_size=1, max_size=2)) for _ in range(2)]
     i = data.draw(st.integers(0, len(full) - 1))
     stops.append(full[i:i + data.draw(st.integers(1, 5))])
