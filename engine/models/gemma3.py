@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from weir.engine.models.layers import GemmaRMSNorm, apply_rotary, gelu_tanh_and_mul
+from weir.engine.models.layers import GemmaRMSNorm, apply_rotary, gelu_tanh_and_mul, rope_cos_sin
 from weir.engine.models.llama import LlamaForCausalLM
 from weir.engine.models.qwen3 import Qwen3DecoderLayer
 from weir.engine.models.sliding_window import LAYER_TYPES, layer_sliding_windows
@@ -133,19 +133,16 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
 
     def _build_rope(self, max_positions: int, dtype: torch.dtype) -> None:
-        # transformers' own Gemma 3 rotary module: one table per layer type, each with its
-        # rope_parameters (local base 10k, global 1M, a scaled global rope where the config has one)
-        from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
-
-        rope = Gemma3RotaryEmbedding(self.config)
-        pos = torch.arange(max_positions).unsqueeze(0)
-        x = torch.empty(1, dtype=dtype)
-        tables = [rope(x, pos, layer_type) if layer_type in rope.rope_type else None for layer_type in LAYER_TYPES]
-        present = next(t for t in tables if t is not None)
-        tables = [t if t is not None else present for t in tables]  # a kind no layer has: never read
+        # one table per layer type, each with its rope_parameters (local base 10k, global 1M, a
+        # scaled global rope where the config has one), as transformers' Gemma 3 rotary module
+        present = [t for t in LAYER_TYPES
+                   if t in self.config.layer_types and self.config.rope_parameters.get(t) is not None]
+        tables = {t: rope_cos_sin(self.config, max_positions, dtype, layer_type=t) for t in present}
+        # a kind no layer has is never read: it repeats one that is there
+        tables = [tables.get(t, tables[present[0]]) for t in LAYER_TYPES]
         # cos/sin: [len(LAYER_TYPES), max_positions, head_dim], indexed by each layer's rope_table
-        self.register_buffer("cos_cache", torch.stack([c[0] for c, _ in tables]).contiguous(), persistent=False)
-        self.register_buffer("sin_cache", torch.stack([s[0] for _, s in tables]).contiguous(), persistent=False)
+        self.register_buffer("cos_cache", torch.stack([c for c, _ in tables]).contiguous(), persistent=False)
+        self.register_buffer("sin_cache", torch.stack([s for _, s in tables]).contiguous(), persistent=False)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor):
         """Scaled token embeddings ``[num_tokens, hidden_size]`` and every RoPE table's rows for the

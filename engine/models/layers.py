@@ -8,12 +8,16 @@ greedy outputs match it token for token:
   then times the weight. Its Triton twin is ``weir.kernels.rms_norm``.
 - :class:`GemmaRMSNorm` (Gemma 3): normalised and multiplied by ``1 + weight`` in fp32, rounded
   once at the end.
-- :func:`apply_rotary`: neox-layout rotary embedding (``weir.kernels.rotary`` is its kernel).
+- :func:`rope_cos_sin`: the rotary embedding's cos/sin tables, as transformers' rotary modules
+  compute them; :func:`apply_rotary`: neox-layout rotary embedding (``weir.kernels.rotary`` is its
+  kernel).
 - :func:`silu_and_mul` (SwiGLU, ``weir.kernels.activation``) and :func:`gelu_tanh_and_mul`
   (GeGLU with the tanh approximation of GELU), each on a fused ``[gate | up]`` projection.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +86,38 @@ class GemmaRMSNorm(nn.Module):
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.to(torch.float32))).to(x.dtype)
+
+
+def rope_cos_sin(config, max_positions: int, dtype: torch.dtype, layer_type: Optional[str] = None):
+    """The rotary embedding's tables for positions ``0 .. max_positions - 1``: ``(cos, sin)``, each
+    ``[max_positions, head_dim]`` in ``dtype``, the values transformers' rotary modules
+    (``LlamaRotaryEmbedding``, ``Gemma3RotaryEmbedding``) return for those positions.
+
+    The inverse frequencies come from ``config.rope_parameters`` (of ``layer_type`` where a
+    family keeps one set per layer type, as Gemma 3): ``rope_theta`` for the default type (Su et
+    al. 2021), transformers' ``ROPE_INIT_FUNCTIONS`` for the scaled ones (``linear``, ``llama3``,
+    ``yarn``, ...), whose attention factor scales both tables. Rope types whose frequencies depend
+    on the current length (``dynamic``, ``longrope``) are refused earlier, when the config is
+    checked (``weir.engine.loader``). transformers' modeling modules are not imported (about 2 s
+    each on a small CPU).
+
+    Raises:
+        KeyError: the rope type is not one transformers knows.
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        scaling = 1.0
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](
+            config, None, **({"layer_type": layer_type} if layer_type is not None else {}))
+    freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq.to(torch.float)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

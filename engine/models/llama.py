@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from weir.engine.models.layers import RMSNorm, apply_rotary, silu_and_mul
+from weir.engine.models.layers import RMSNorm, apply_rotary, rope_cos_sin, silu_and_mul
 from weir.engine.models.sliding_window import layer_sliding_windows
 
 
@@ -154,16 +154,11 @@ class LlamaForCausalLM(nn.Module):
         self.kernels_enabled = False
 
     def _build_rope(self, max_positions: int, dtype: torch.dtype) -> None:
-        # transformers' rotary module computes the same tables as its own model uses
-        # (every rope_type: default, llama3, linear, dynamic, yarn ...)
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-        rope = LlamaRotaryEmbedding(self.config)
-        pos = torch.arange(max_positions).unsqueeze(0)
-        cos, sin = rope(torch.empty(1, dtype=dtype), pos)
-        # cos/sin: [max_positions, head_dim]
-        self.register_buffer("cos_cache", cos[0].contiguous(), persistent=False)
-        self.register_buffer("sin_cache", sin[0].contiguous(), persistent=False)
+        # the tables transformers' rotary module computes (every rope_type: default, llama3,
+        # linear, yarn ...), cos/sin: [max_positions, head_dim]
+        cos, sin = rope_cos_sin(self.config, max_positions, dtype)
+        self.register_buffer("cos_cache", cos.contiguous(), persistent=False)
+        self.register_buffer("sin_cache", sin.contiguous(), persistent=False)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
