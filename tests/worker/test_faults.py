@@ -29,8 +29,10 @@ pytestmark = pytest.mark.integration
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Redis gives an unacked message back 6 s after its fetch; an attempt may take 2 s, a result
-# write may retry 1 s: 2 * 2 + 1 < 6, the consistent setting for fast redelivery.
-FAST_REDELIVERY = dict(WEIR_VISIBILITY_TIMEOUT_S="6", WEIR_JOB_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="1")
+# write may retry 1 s: 2 * 2 + 1 < 6, the consistent setting for fast redelivery. A killed
+# worker's claims hold their jobs until their 5 s leases lapse (renewed every 0.5 s while they run).
+FAST_REDELIVERY = dict(WEIR_VISIBILITY_TIMEOUT_S="6", WEIR_JOB_TIMEOUT_S="2", WEIR_DB_RETRY_TIMEOUT_S="1",
+                       WEIR_LEASE_S="5", WEIR_CANCEL_POLL_INTERVAL_S="0.5")
 
 
 def free_port() -> int:
