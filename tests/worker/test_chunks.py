@@ -140,8 +140,9 @@ def test_sigkill_mid_chunk_runs_only_the_unfinished_jobs_again(start_worker, cli
                                                                slow_model_dir):
     env, runs = hooked
     num_jobs = 24
+    # a 5 s lease: the killed worker's jobs are claimed again 5 s after the kill, not 30
     settings = dict(env, WEIR_MODEL=slow_model_dir, WEIR_VISIBILITY_TIMEOUT_S="6", WEIR_CONCURRENCY="2",
-                    WEIR_MAX_NUM_SEQS="4")
+                    WEIR_MAX_NUM_SEQS="4", WEIR_LEASE_S="5", WEIR_CANCEL_POLL_INTERVAL_S="0.5")
     worker = start_worker(**settings)
     batch_id = bulk(client, num_jobs, max_tokens=64)  # ~0.4 s each on the slow model
     wait_until(lambda: client.batch_status(batch_id).num_succeeded >= 4, what="4 jobs done")
@@ -206,8 +207,8 @@ def test_a_poison_job_inside_a_chunk_fails_alone_and_the_others_succeed(start_wo
     # leases shorter than the visibility timeout: when the chunk comes back, the dead worker's
     # leases have expired, so each job published alone is claimed at once, one at a time (a job
     # still held would wait as an ETA retry, which runs beside others whatever WEIR_CONCURRENCY says)
-    settings = dict(env, **FAST_REDELIVERY, WEIR_TEST_CRASH_MARKER="CRASH-ME", WEIR_MAX_ATTEMPTS="2",
-                    WEIR_CONCURRENCY="1", WEIR_MAX_NUM_SEQS="1", WEIR_LEASE_S="3", WEIR_CANCEL_POLL_INTERVAL_S="0.5")
+    settings = {**env, **FAST_REDELIVERY, "WEIR_TEST_CRASH_MARKER": "CRASH-ME", "WEIR_MAX_ATTEMPTS": "2",
+                "WEIR_CONCURRENCY": "1", "WEIR_MAX_NUM_SEQS": "1", "WEIR_LEASE_S": "3"}
     num_jobs = 8
     batch_id = bulk(client, num_jobs, max_tokens=2, prompt=lambda i: "CRASH-ME" if i == 3 else f"Item {i}")
     worker = start_worker(**settings)

@@ -52,10 +52,11 @@ def test_sigkill_mid_batch_on_the_real_model_then_restart_succeeds_every_job_wit
 
     env, runs = hooked
     # The engine's defaults (its CPU KV cache, the engine core process); 8 s per job, and Redis
-    # redelivers past 2 * 8 + 1 s.
+    # redelivers past 2 * 8 + 1 s; the killed worker's claims lapse 8 s after their last renewal.
     settings = dict(env, **THREADS, WEIR_MODEL=default_model_path(), WEIR_MAX_NUM_SEQS=str(MAX_NUM_SEQS),
                     WEIR_CONCURRENCY=str(MAX_NUM_SEQS), WEIR_JOB_TIMEOUT_S="8", WEIR_DB_RETRY_TIMEOUT_S="1",
-                    WEIR_VISIBILITY_TIMEOUT_S="18", WEIR_CPU_KV_CACHE_BYTES=str(EngineArgs.cpu_kv_cache_bytes))
+                    WEIR_VISIBILITY_TIMEOUT_S="18", WEIR_LEASE_S="8", WEIR_CANCEL_POLL_INTERVAL_S="1",
+                    WEIR_CPU_KV_CACHE_BYTES=str(EngineArgs.cpu_kv_cache_bytes))
     worker = start_worker(**settings)
     batch_id = client.enqueue_batch([
         GenerateRequest(prompt=p, custom_id=f"job-{i}", temperature=0, max_tokens=MAX_TOKENS)
