@@ -93,7 +93,7 @@ class LLMEngine:
         else:
             src = resolve_model(args.model)
             self.model_name = src.name
-            with shared_gguf_parse():
+            with shared_gguf_parse(enabled=src.gguf_file is not None):
                 self.config = load_config(src)
                 if not args.skip_tokenizer_init:
                     self.tokenizer = load_tokenizer(resolve_model(args.tokenizer) if args.tokenizer else src,

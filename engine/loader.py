@@ -39,7 +39,7 @@ def load_config(src: ModelSource):
     from transformers import AutoConfig
 
     check_config_file(src)
-    with shared_gguf_parse():
+    with shared_gguf_parse(enabled=src.gguf_file is not None):
         config = language_config(AutoConfig.from_pretrained(src.path, **src.hf_kwargs()))
     try:
         check_config(config)

@@ -125,3 +125,18 @@ def test_threads_loading_one_file_wait_for_one_parse(parses, fresh):
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(load, range(4))) == [fresh] * 4
     assert len(parses) == 1
+
+
+def test_a_hugging_face_folder_loads_without_transformers_gguf_module(tiny_model_dir):
+    """The shared parse is for GGUF files: an engine on a Hugging Face folder never imports
+    transformers' GGUF module (about 0.5 s of every load)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from weir.engine.llm import LLM\n"
+            f"LLM({tiny_model_dir!r}, num_gpu_blocks_override=64)\n"
+            "print('transformers.modeling_gguf_pytorch_utils' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -115,14 +115,21 @@ def _parsed_once(parse, path: str) -> Any:
 
 
 @contextlib.contextmanager
-def shared_gguf_parse() -> Iterator[None]:
+def shared_gguf_parse(enabled: bool = True) -> Iterator[None]:
     """While inside, transformers' GGUF metadata parse is answered once per file (module docstring).
 
     Re-entrant and thread-safe: the first to enter installs the shared parse, the last to leave
     restores transformers' function and drops the parses this process holds (the files in
     :data:`CACHE_DIR` stay). Tensor reads (``return_tensors=True``) go to transformers unchanged.
+
+    Args:
+        enabled: False makes it do nothing, for a model that is no GGUF file: transformers' GGUF
+            module is then not imported (about 0.5 s).
     """
     global _num_users
+    if not enabled:
+        yield
+        return
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
     with _LOCK:

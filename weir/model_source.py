@@ -207,7 +207,7 @@ def load_tokenizer(src: ModelSource, vocab_size: Optional[int] = None):
             f"{src.path} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): copy the model's "
             "tokenizer into the folder, name another with tokenizer=..., or pass token ids with "
             "skip_tokenizer_init=True")
-    with shared_gguf_parse():
+    with shared_gguf_parse(enabled=src.gguf_file is not None):
         tokenizer = AutoTokenizer.from_pretrained(src.path, **src.hf_kwargs())
     if vocab_size is None:
         vocab_size = model_vocab_size(src)
