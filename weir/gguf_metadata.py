@@ -28,7 +28,7 @@ import logging
 import os
 import tempfile
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,23 @@ def _distribution_version(name: str) -> Optional[str]:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def cached_json(key: tuple, compute: Callable[[], Any]) -> Any:
+    """``compute()``, kept in :data:`CACHE_DIR` as JSON under ``key`` (JSON values; the versions of
+    transformers and gguf are added to it) for the next process: for what transformers derives
+    from a GGUF file's metadata alone, such as its tensor names. A value JSON would not give back
+    equal is returned and not stored; an unreadable or unwritable cache is passed by."""
+    import gguf
+    import transformers
+
+    key = ("derived", FORMAT_VERSION, *key, transformers.__version__,
+           getattr(gguf, "__version__", None) or _distribution_version("gguf"))
+    value = _read_cached(key)
+    if value is None:
+        value = compute()
+        _write_cached(key, value)
+    return value
 
 
 def _cache_file(key: tuple) -> str:

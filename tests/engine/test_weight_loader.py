@@ -278,3 +278,30 @@ def test_qwen3_and_gemma3_ggufs_stream_transformers_tensors(architecture, tmp_pa
     assert set(streamed) == expected_names(model) and set(hf) == set(state_dict)
     for name, tensor in streamed.items():
         assert torch.equal(tensor, hf[name]) and torch.equal(tensor, state_dict[name]), name
+
+
+def test_the_gguf_name_map_is_built_once_per_config_then_read_from_the_cache(tmp_path, monkeypatch):
+    """transformers' GGUF-to-transformers name map is kept on disk per config: the next load builds
+    no ``meta`` model (and imports no modeling module); another config builds its own."""
+    from transformers import Qwen3Config
+
+    from weir import gguf_metadata
+    from weir.engine import weight_loader
+
+    monkeypatch.setattr(gguf_metadata, "CACHE_DIR", str(tmp_path / "cache"))
+    built = []
+    build = weight_loader._gguf_to_hf_names
+    monkeypatch.setattr(weight_loader, "_gguf_to_hf_names",
+                        lambda config, processor: built.append(config.num_hidden_layers) or build(config, processor))
+
+    def config(num_layers):
+        return Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+    names = weight_loader.gguf_to_hf_names(config(2))
+    assert names["blk.1.attn_q.weight"] == "model.layers.1.self_attn.q_proj.weight"
+    assert names["blk.0.attn_q_norm.weight"] == "model.layers.0.self_attn.q_norm.weight"
+    assert len(names) == 2 * 11 + 3 and built == [2]
+    assert weight_loader.gguf_to_hf_names(config(2)) == names and built == [2]  # read from the file
+    deeper = weight_loader.gguf_to_hf_names(config(3))
+    assert built == [2, 3] and deeper["blk.2.ffn_down.weight"] == "model.layers.2.mlp.down_proj.weight"
