@@ -44,14 +44,19 @@ _num_users = 0
 
 
 def _cache_key(path: str) -> tuple:
-    import gguf
-    import transformers
-
     stat = os.stat(path)
     # the inode and ctime too: a file replaced by one of the same size with its mtime kept (cp -p,
     # rsync -t, tar) has a new inode or ctime, which no user can set back
     return (FORMAT_VERSION, os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns,
-            transformers.__version__, getattr(gguf, "__version__", None) or _distribution_version("gguf"))
+            *_library_versions())
+
+
+def _library_versions() -> tuple:
+    """The versions of transformers and gguf, which every cached value depends on."""
+    import gguf
+    import transformers
+
+    return transformers.__version__, getattr(gguf, "__version__", None) or _distribution_version("gguf")
 
 
 def _distribution_version(name: str) -> Optional[str]:
@@ -68,11 +73,10 @@ def cached_json(key: tuple, compute: Callable[[], Any]) -> Any:
     transformers and gguf are added to it) for the next process: for what transformers derives
     from a GGUF file's metadata alone, such as its tensor names. A value JSON would not give back
     equal is returned and not stored; an unreadable or unwritable cache is passed by."""
-    import gguf
-    import transformers
+    return _read_or_compute(("derived", FORMAT_VERSION, *key, *_library_versions()), compute)
 
-    key = ("derived", FORMAT_VERSION, *key, transformers.__version__,
-           getattr(gguf, "__version__", None) or _distribution_version("gguf"))
+
+def _read_or_compute(key: tuple, compute: Callable[[], Any]) -> Any:
     value = _read_cached(key)
     if value is None:
         value = compute()
@@ -123,11 +127,7 @@ def _parsed_once(parse, path: str) -> Any:
     with key_lock:  # threads loading the same file wait for one parse
         parsed = _parses.get(key)
         if parsed is None:
-            parsed = _read_cached(key)
-            if parsed is None:
-                parsed = parse(path, return_tensors=False)
-                _write_cached(key, parsed)
-            _parses[key] = parsed
+            parsed = _parses[key] = _read_or_compute(key, lambda: parse(path, return_tensors=False))
     return copy.deepcopy(parsed)
 
 
