@@ -4,6 +4,7 @@ products per shipped catalog, each description marked by hand supported or unsup
     python -m bench.grounding_sample generate [--catalogs bigbasket,flipkart] [--num 100] [--part tuning]
     python -m bench.grounding_sample report   [--catalogs bigbasket,flipkart] [--part tuning]
     python -m bench.grounding_sample generate --part heldout --num 300   (then report --part heldout)
+    python -m bench.grounding_sample generate --part wide --num 1500     (then report --part wide)
 
 ``generate`` draws ``--num`` products (seed 25) from the second half of each catalog file (the
 rows no prompt, exemplar or threshold was tuned on), writes each one's description and attribute
@@ -23,7 +24,13 @@ the rows the grounding check's rules were tuned on, kept apart from the sample t
 ``--part heldout`` draws ``--num`` more products from the second half (seed 26, none of the
 sample's) and extracts their attributes only, into ``tests/data/grounding/heldout/``: the
 extraction's figures on rows no evidence kind or extraction rule was written after (the catalogs'
-own truth needs no reader, so these rows need no labels).
+own truth needs no reader, so these rows need no labels). ``--part wide`` draws up to ``--num``
+more products from the second half (seed 27, none of the sample's or the held-out part's: every
+one left, where fewer remain) and describes them only, into ``tests/data/grounding/wide/``: a
+sample large enough to hold tens of ``auto`` descriptions, to measure the precision of ``auto``
+where the 100-product sample holds too few to show it. Two readers labelled its ``auto``
+descriptions mixed with as many ``review`` ones drawn at random (seed 7), shuffled, so that they
+could not tell which the checker passed; the other rows keep ``label`` null.
 
 The labelling rule: a description is ``unsupported`` when it states any checkable fact the
 listing (title, brand, category, source description) does not: a product type, material or
@@ -55,7 +62,8 @@ FILES = {"bigbasket": "bigbasket_products.csv", "flipkart": "flipkart_products.c
 SAMPLE_DIR = os.path.join(REPO_ROOT, "tests", "data", "grounding")
 SEED = 25
 HELDOUT_SEED = 26
-PARTS = ("sample", "tuning", "heldout")
+WIDE_SEED = 27
+PARTS = ("sample", "tuning", "heldout", "wide")
 
 
 def sample_path(catalog: str, part: str = "sample") -> str:
@@ -87,9 +95,11 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     catalog = read_catalog(path, spec)
     middle = len(catalog.products) // 2
     half = catalog.products[:middle] if part == "tuning" else catalog.products[middle:]
-    if part == "heldout":  # attributes only, on products the sample does not hold
-        taken = {row["product_id"] for row in read_sample(catalog_name)}
-        products = random.Random(HELDOUT_SEED).sample([p for p in half if p.product_id not in taken], num)
+    if part in ("heldout", "wide"):  # products no earlier part holds
+        taken = {row["product_id"] for earlier in PARTS[:PARTS.index(part)] if earlier != "tuning"
+                 for row in read_sample(catalog_name, earlier)}
+        pool = [p for p in half if p.product_id not in taken]
+        products = random.Random(HELDOUT_SEED if part == "heldout" else WIDE_SEED).sample(pool, min(num, len(pool)))
     else:
         products = random.Random(SEED).sample(half, num)
     key = catalog_key(catalog)
@@ -107,7 +117,7 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
         for i, out in zip(retry, again):
             final[i] = [first[i], out.outputs[0]][pick_description([first[i].text, out.outputs[0].text])]
 
-    extract = [extract_request(p, spec, key) for p in products] if spec.extract.enabled else []
+    extract = [extract_request(p, spec, key) for p in products] if spec.extract.enabled and part != "wide" else []
     extracted = [o.outputs[0] for o in llm.generate([llm.encode_prompt(r.engine_prompt()) for r in extract],
                                                     [r.sampling_params() for r in extract])] if extract else []
     fields = TRUTH_FIELDS[catalog_name]

@@ -16,6 +16,13 @@ from bench.grounding_sample import attribute_figures, description_figures, read_
 DESCRIPTIONS = {'bigbasket': {'auto': 3, 'review': 92, 'reject': 5, 'auto_unsupported': 0, 'unlabelled': 0},
  'flipkart': {'auto': 1, 'review': 96, 'reject': 3, 'auto_unsupported': 1, 'unlabelled': 0}}
 
+# The wide part (tests/data/grounding/wide): descriptions of 1,500 BigBasket and the 125 Flipkart
+# products no other part holds, from the files' second halves; every auto description labelled by
+# two readers, mixed with as many review ones drawn at random (the readers did not know which
+# were which), the rest unlabelled.
+WIDE_DESCRIPTIONS = {'bigbasket': {'auto': 46, 'review': 1407, 'reject': 47, 'auto_unsupported': 4, 'unlabelled': 0},
+ 'flipkart': {'auto': 6, 'review': 113, 'reject': 6, 'auto_unsupported': 2, 'unlabelled': 0}}
+
 ATTRIBUTES = {'bigbasket': {'brand': {'values': 100,
                          'auto': 15,
                          'auto_with_truth': 15,
@@ -97,3 +104,11 @@ def test_attribute_decisions_on_the_held_out_extractions(catalog):
     assert all("description" not in row for row in rows)
     figures = attribute_figures(rows, catalog)
     assert {name: tuple(c[k] for k in FIGURE_KEYS) for name, c in figures.items()} == HELDOUT_ATTRIBUTES[catalog]
+
+
+@pytest.mark.parametrize("catalog", sorted(WIDE_DESCRIPTIONS))
+def test_description_decisions_on_the_wide_sample(catalog):
+    rows = read_sample(catalog, "wide")
+    labelled = [row for row in rows if row["label"] is not None]
+    assert all(len(row["readers"]) == 2 and row["label"] in ("supported", "unsupported") for row in labelled)
+    assert description_figures(rows) == WIDE_DESCRIPTIONS[catalog]
