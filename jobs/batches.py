@@ -9,6 +9,8 @@ in the same transaction (:func:`weir.jobs.counters.count_transitions`).
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import uuid
 from datetime import datetime
 from typing import Any, Optional, Sequence
@@ -20,6 +22,12 @@ from sqlalchemy.orm import Session
 from weir.jobs.counters import count_transitions
 from weir.jobs.db import Batch, BatchStatus, Job, JobKind, JobStatus, utcnow
 from weir.jobs.schemas import JobRequest, check_json
+
+logger = logging.getLogger(__name__)
+
+BATCH_CHANNEL = "weir_batch"
+"""The Postgres channel on which triggers announce each batch status change when its transaction
+commits (migration ``20261202_0007``; JSON payload with ``batch_id`` and ``status``)."""
 
 
 def begin_batch(
@@ -290,3 +298,120 @@ def jobs_page(session: Session, batch_id: uuid.UUID, *, first_index: int, limit:
         .limit(limit)
     )
     return list(session.execute(stmt).scalars())
+
+
+
+class BatchChannel:
+    """Wakes waits on batches as soon as a batch's status changes, where their next poll would
+    come later: one ``LISTEN weir_batch`` (:data:`BATCH_CHANNEL`) connection per engine user, held
+    by a daemon thread that hands each notification to the waits on its batch, however many wait.
+
+    The thread starts at the first :meth:`subscribe`, takes one pooled connection until
+    :meth:`close`, and after a lost connection listens again on a new one (a second later, and
+    on). A wait subscribes first, then reads its batch: a change committed after the read is
+    always announced while the connection lives; one that falls in a gap (a reconnect), on SQLite
+    (no NOTIFY), is seen at the wait's next poll, as without the channel.
+
+    Usage::
+
+        with channel.subscribe(batch_id) as subscription:
+            while not finished(read_batch()):
+                subscription.wait(0.5)
+    """
+
+    READY_TIMEOUT_S = 2.0
+    """How long :meth:`subscribe` waits for the first ``LISTEN`` (then the polls stand in)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._waits: dict[str, set[threading.Event]] = {}
+        self._listening = threading.Event()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def listening(self) -> bool:
+        """Whether the channel's connection is listening now."""
+        return self._listening.is_set()
+
+    def subscribe(self, batch_id: uuid.UUID) -> "BatchSubscription":
+        """A wait on ``batch_id``'s changes (a context manager; :meth:`BatchSubscription.wait`)."""
+        event = threading.Event()
+        with self._lock:
+            self._waits.setdefault(str(batch_id), set()).add(event)
+            if self._thread is None and self._engine.dialect.name == "postgresql" and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="weir-batch-channel", daemon=True)
+                self._thread.start()
+            started = self._thread is not None
+        if started:
+            self._listening.wait(self.READY_TIMEOUT_S)
+        return BatchSubscription(self, str(batch_id), event)
+
+    def _unsubscribe(self, batch_id: str, event: threading.Event) -> None:
+        with self._lock:
+            waits = self._waits.get(batch_id, set())
+            waits.discard(event)
+            if not waits:
+                self._waits.pop(batch_id, None)
+
+    def _notified(self, payload: str) -> None:
+        try:
+            batch_id = json.loads(payload).get("batch_id")
+        except (ValueError, AttributeError):
+            return
+        with self._lock:
+            for event in self._waits.get(batch_id, ()):
+                event.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            raw = None
+            try:
+                raw = self._engine.raw_connection()
+                with raw.cursor() as cursor:
+                    cursor.execute(f"LISTEN {BATCH_CHANNEL}")
+                raw.commit()
+                self._listening.set()
+                while not self._stop.is_set():
+                    for notify in raw.driver_connection.notifies(timeout=0.5):
+                        self._notified(notify.payload)
+                with raw.cursor() as cursor:
+                    cursor.execute("UNLISTEN *")
+                raw.commit()
+                raw.close()
+                raw = None
+            except Exception as exc:  # the driver's or the pool's: listen again on a new connection
+                logger.debug("LISTEN %s: %s; listening again in 1 s", BATCH_CHANNEL, exc)
+            finally:
+                self._listening.clear()
+                if raw is not None:
+                    raw.invalidate()
+            self._stop.wait(1.0)
+
+    def close(self) -> None:
+        """Stop listening and give the connection back to the pool (waits then poll)."""
+        self._stop.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=5.0)
+
+
+class BatchSubscription:
+    """One wait's view of :class:`BatchChannel`: :meth:`wait` ends early when its batch changes."""
+
+    def __init__(self, channel: BatchChannel, batch_id: str, event: threading.Event) -> None:
+        self._channel, self._batch_id, self._event = channel, batch_id, event
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until the batch's status changes (True) or ``timeout_s`` seconds pass (False)."""
+        changed = self._event.wait(max(0.0, timeout_s))
+        self._event.clear()
+        return changed
+
+    def __enter__(self) -> "BatchSubscription":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._channel._unsubscribe(self._batch_id, self._event)

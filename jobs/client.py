@@ -251,6 +251,8 @@ class Client:
         self.queue = names.queue_for_model(self.settings.engine.model, self.settings.worker.queue)
         self.engine = engine_for(self.settings.database)
         self.session_factory = make_session_factory(self.engine)
+        self.batch_channel = batches.BatchChannel(self.engine)
+        """Wakes :meth:`wait` when its batch changes (one listening connection, from the first wait)."""
         self._celery_app = celery_app
         self._embedded: Optional[contextlib.ExitStack] = None
         if prompt_checker is not None:
@@ -675,7 +677,10 @@ class Client:
         idle_s: Optional[float] = None,
         on_idle: Optional[Callable[[BatchProgress], None]] = None,
     ) -> BatchProgress:
-        """Poll until the batch is finished (completed, failed or cancelled).
+        """Poll until the batch is finished (completed, failed or cancelled). On Postgres, a status
+        change of the batch (the ``weir_batch`` channel, :class:`weir.jobs.batches.BatchChannel`)
+        ends a wait between polls at once, so the call returns as the batch finishes rather than at
+        the next poll; the polls keep ``progress`` current and stand in where no notification comes.
 
         Args:
             timeout_s: give up after this many seconds; None waits forever.
@@ -691,6 +696,12 @@ class Client:
             TimeoutError: the batch is still running after ``timeout_s``.
             LookupError: no such batch.
         """
+        with self.batch_channel.subscribe(_as_uuid(batch_id)) as changes:
+            return self._wait(batch_id, changes, timeout_s, progress, poll_interval_s, idle_s, on_idle)
+
+    def _wait(self, batch_id: BatchId, changes: batches.BatchSubscription, timeout_s: Optional[float], progress: Any,
+              poll_interval_s: float, idle_s: Optional[float],
+              on_idle: Optional[Callable[[BatchProgress], None]]) -> BatchProgress:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         idle_at = None if idle_s is None or on_idle is None else time.monotonic() + idle_s
         while True:
@@ -710,7 +721,7 @@ class Client:
                     f"batch {batch_id} still {snapshot.status.value} after {timeout_s}s: "
                     f"{snapshot.num_finished}/{snapshot.num_jobs} jobs finished"
                 )
-            time.sleep(poll_interval_s)
+            changes.wait(poll_interval_s if deadline is None else min(poll_interval_s, deadline - time.monotonic()))
 
     def jobs(self, batch_id: BatchId) -> list[Job]:
         """The batch's job rows in submission order (detached, readable after the call); for a
@@ -814,4 +825,5 @@ class Client:
         if self._embedded is not None:
             embedded, self._embedded = self._embedded, None
             embedded.close()
+        self.batch_channel.close()
         self.engine.dispose()

@@ -237,6 +237,88 @@ def test_wait_follows_progress_until_finished(client):
     assert [r["output_text"] for r in client.results(batch_id)] == ["x", "x"]
 
 
+def finish_batch(client, batch_id):
+    for job in client.jobs(batch_id):
+        with client.session_factory.begin() as session:
+            claimed = support.claim_job(session, job.id)
+        with client.session_factory.begin() as session:
+            support.record_result(session, claimed, JobResult(status=JobStatus.SUCCEEDED, output_text="x"))
+
+
+def test_wait_is_woken_by_the_batch_channel_not_its_next_poll(client):
+    """An hour between polls and no timeout: the wait still returns once the batch finishes,
+    because the ``weir_batch`` notification ends the wait between polls (a wait left to its
+    polls would still be asleep when the join below gives up)."""
+    batch_id = client.enqueue_batch([GenerateRequest(prompt="a")])
+    finals = []
+    waiter = threading.Thread(target=lambda: finals.append(client.wait(batch_id, poll_interval_s=3600)), daemon=True)
+    waiter.start()
+    time.sleep(0.3)
+    finish_batch(client, batch_id)
+    waiter.join(timeout=20)
+    assert [(f.status, f.num_succeeded) for f in finals] == [(BatchStatus.COMPLETED, 1)]
+
+
+def test_the_batch_channel_wakes_a_wait_for_its_own_batch_only_and_gives_its_connection_back(client):
+    from weir.jobs.db import make_engine
+
+    engine = make_engine(client.engine.url.render_as_string(hide_password=False), pool_size=1)
+    channel = batches.BatchChannel(engine)
+    ours = client.enqueue_batch([GenerateRequest(prompt="a")])
+    other = client.enqueue_batch([GenerateRequest(prompt="b")])
+    try:
+        with channel.subscribe(ours) as changes:
+            assert channel.listening
+            finish_batch(client, other)
+            assert changes.wait(0.5) is False  # another batch's change is read and dropped
+            finish_batch(client, ours)
+            assert changes.wait(20) is True
+        channel.close()
+        assert not channel.listening
+        with engine.connect() as conn:  # the pool's connection, UNLISTENed
+            assert conn.exec_driver_sql("SELECT count(*) FROM pg_listening_channels()").scalar() == 0
+    finally:
+        channel.close()
+        engine.dispose()
+
+
+def test_many_waits_share_one_listening_connection(postgres_url, tiny_model_dir, queue, celery_app):
+    """Six waits at once on a client whose pool holds two connections (one and one overflow): a
+    connection per wait would leave none to read the batches with. Each wait polls once an hour,
+    so only the channel can end them."""
+    settings = Settings(engine=EngineSettings(model=tiny_model_dir), worker=WorkerSettings(queue=queue, broker_url=None),
+                        database=DatabaseSettings(database_url=postgres_url, pool_size=1, pool_timeout_s=1))
+    client = Client(settings, celery_app=celery_app)
+    try:
+        ids = [client.enqueue_batch([GenerateRequest(prompt=f"p{i}")]) for i in range(6)]
+        finals = []
+        waiters = [threading.Thread(target=lambda b=b: finals.append(client.wait(b, poll_interval_s=3600)), daemon=True)
+                   for b in ids]
+        for waiter in waiters:
+            waiter.start()
+        time.sleep(0.5)
+        for batch_id in ids:
+            finish_batch(client, batch_id)
+        for waiter in waiters:
+            waiter.join(timeout=20)
+        assert sorted((f.status, f.num_succeeded) for f in finals) == [(BatchStatus.COMPLETED, 1)] * 6
+    finally:
+        client.close()
+
+
+def test_a_wait_on_sqlite_sleeps_out_its_poll_interval(tmp_path):
+    from weir.jobs.db import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'jobs.db'}")
+    channel = batches.BatchChannel(engine)
+    with channel.subscribe(uuid.uuid4()) as changes:
+        start = time.monotonic()
+        assert (channel.listening, changes.wait(0.1)) == (False, False)
+        assert time.monotonic() - start >= 0.1
+    channel.close()
+    engine.dispose()
+
+
 def test_wait_times_out(client):
     batch_id = client.enqueue_batch([GenerateRequest(prompt="a")])
     with pytest.raises(TimeoutError, match="still queued after 0.2s: 0/1 jobs finished"):
