@@ -5,6 +5,7 @@ products per shipped catalog, each description marked by hand supported or unsup
     python -m bench.grounding_sample report   [--catalogs bigbasket,flipkart] [--part tuning]
     python -m bench.grounding_sample generate --part heldout --num 300   (then report --part heldout)
     python -m bench.grounding_sample generate --part wide --num 1500     (then report --part wide)
+    python -m bench.grounding_sample generate --part fresh --num 1500 --catalogs bigbasket
 
 ``generate`` draws ``--num`` products (seed 25) from the second half of each catalog file (the
 rows no prompt, exemplar or threshold was tuned on), writes each one's description and attribute
@@ -30,7 +31,11 @@ one left, where fewer remain) and describes them only, into ``tests/data/groundi
 sample large enough to hold tens of ``auto`` descriptions, to measure the precision of ``auto``
 where the 100-product sample holds too few to show it. Two readers labelled its ``auto``
 descriptions mixed with as many ``review`` ones drawn at random (seed 7), shuffled, so that they
-could not tell which the checker passed; the other rows keep ``label`` null.
+could not tell which the checker passed; the other rows keep ``label`` null. ``--part fresh``
+draws the same way from what is left after every other part (seed 28; BigBasket only: the wide
+part took every Flipkart row left) into ``tests/data/grounding/fresh/``, labelled the same way:
+the rows that judge :data:`weir.jobs.catalog.decisions.MAX_UNLISTED_WORDS` as chosen on the wide
+part.
 
 The labelling rule: a description is ``unsupported`` when it states any checkable fact the
 listing (title, brand, category, source description) does not: a product type, material or
@@ -63,7 +68,10 @@ SAMPLE_DIR = os.path.join(REPO_ROOT, "tests", "data", "grounding")
 SEED = 25
 HELDOUT_SEED = 26
 WIDE_SEED = 27
-PARTS = ("sample", "tuning", "heldout", "wide")
+FRESH_SEED = 28
+PARTS = ("sample", "tuning", "heldout", "wide", "fresh")
+PART_SEEDS = {"heldout": HELDOUT_SEED, "wide": WIDE_SEED, "fresh": FRESH_SEED}
+DESCRIBED_ONLY = ("wide", "fresh")
 
 
 def sample_path(catalog: str, part: str = "sample") -> str:
@@ -95,11 +103,14 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     catalog = read_catalog(path, spec)
     middle = len(catalog.products) // 2
     half = catalog.products[:middle] if part == "tuning" else catalog.products[middle:]
-    if part in ("heldout", "wide"):  # products no earlier part holds
+    if part in PART_SEEDS:  # products no earlier part holds
         taken = {row["product_id"] for earlier in PARTS[:PARTS.index(part)] if earlier != "tuning"
+                 and os.path.exists(sample_path(catalog_name, earlier))
                  for row in read_sample(catalog_name, earlier)}
         pool = [p for p in half if p.product_id not in taken]
-        products = random.Random(HELDOUT_SEED if part == "heldout" else WIDE_SEED).sample(pool, min(num, len(pool)))
+        products = random.Random(PART_SEEDS[part]).sample(pool, min(num, len(pool)))
+        if not products:
+            raise SystemExit(f"{catalog_name}: no product of the second half is left for --part {part}")
     else:
         products = random.Random(SEED).sample(half, num)
     key = catalog_key(catalog)
@@ -117,7 +128,7 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
         for i, out in zip(retry, again):
             final[i] = [first[i], out.outputs[0]][pick_description([first[i].text, out.outputs[0].text])]
 
-    extract = [extract_request(p, spec, key) for p in products] if spec.extract.enabled and part != "wide" else []
+    extract = [extract_request(p, spec, key) for p in products] if spec.extract.enabled and part not in DESCRIBED_ONLY else []
     extracted = [o.outputs[0] for o in llm.generate([llm.encode_prompt(r.engine_prompt()) for r in extract],
                                                     [r.sampling_params() for r in extract])] if extract else []
     fields = TRUTH_FIELDS[catalog_name]

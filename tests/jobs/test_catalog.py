@@ -388,7 +388,7 @@ def test_summary_counts_decisions_per_field_with_the_top_reasons():
         return annotated(row)
 
     results = [marked(result("classify", "succeeded", p, "Tea")) for p in "123"] + [
-        marked(result("generate", "succeeded", "1", text="A fresh Leafy green tea.")),
+        marked(result("generate", "succeeded", "1", text="A Leafy green tea.")),
         marked(result("generate", "succeeded", "2", text="A fresh green tea from")),
         marked(result("generate", "succeeded", "3", text="Made in Italy, this tea is 100% pure.")),
     ]
