@@ -40,8 +40,8 @@ part.
 The labelling rule: a description is ``unsupported`` when it states any checkable fact the
 listing (title, brand, category, source description) does not: a product type, material or
 ingredient, number, size or weight, price or currency, place or origin, brand, colour, feature,
-health or safety claim, or a specific audience. Praise and generic uses ("perfect for everyday
-use") are not facts. ``supported`` otherwise.
+health or safety claim, or a specific audience (a misspelt brand or name names something else).
+Praise and generic uses ("perfect for everyday use") are not facts. ``supported`` otherwise.
 
 ``report`` recomputes the decisions from the stored texts (no model) and prints, per catalog: the
 descriptions' decision counts, the precision of ``auto`` descriptions against the hand labels

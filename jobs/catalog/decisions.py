@@ -67,7 +67,8 @@ free-form inventions no word list names ("made entirely from pure onion seeds").
 the tuning descriptions (``tests/data/grounding/tuning``) as 1: none of their 15 ``auto`` ones held
 an unsupported claim (at 2, 2 of 20 did). On the wide part (``tests/data/grounding/wide``, 1,625
 descriptions) 1 let 6 unsupported descriptions of 52 ``auto`` through (88.5 %), 0 lets 1 of 23
-(95.7 %), so 0 it is, judged on the fresh part (``tests/data/grounding/fresh``) drawn after."""
+(95.7 %), so 0 it is. On the fresh part (``tests/data/grounding/fresh``, 1,140 descriptions
+drawn after the choice) 15 are ``auto``, 1 of them unsupported (93.3 %)."""
 
 MAX_SHOWN_WORDS = 5
 

@@ -25,6 +25,10 @@ DESCRIPTIONS = {'bigbasket': {'auto': 3, 'review': 92, 'reject': 5, 'auto_unsupp
 WIDE_DESCRIPTIONS = {'bigbasket': {'auto': 20, 'review': 1433, 'reject': 47, 'auto_unsupported': 1, 'unlabelled': 0},
  'flipkart': {'auto': 3, 'review': 116, 'reject': 6, 'auto_unsupported': 0, 'unlabelled': 0}}
 
+# The fresh part (tests/data/grounding/fresh): the 1,140 BigBasket products left after every other
+# part, drawn after the unlisted-words limit was chosen on the wide part; labelled as the wide one.
+FRESH_DESCRIPTIONS = {'bigbasket': {'auto': 15, 'review': 1101, 'reject': 24, 'auto_unsupported': 1, 'unlabelled': 0}}
+
 ATTRIBUTES = {'bigbasket': {'brand': {'values': 100,
                          'auto': 15,
                          'auto_with_truth': 15,
@@ -114,3 +118,14 @@ def test_description_decisions_on_the_wide_sample(catalog):
     labelled = [row for row in rows if row["label"] is not None]
     assert all(len(row["readers"]) == 2 and row["label"] in ("supported", "unsupported") for row in labelled)
     assert description_figures(rows) == WIDE_DESCRIPTIONS[catalog]
+
+
+@pytest.mark.parametrize("catalog", sorted(FRESH_DESCRIPTIONS))
+def test_description_decisions_on_the_fresh_part(catalog):
+    rows = read_sample(catalog, "fresh")
+    earlier = {row["product_id"] for part in ("sample", "heldout", "wide") for row in read_sample(catalog, part)}
+    assert len(rows) == 1140 and not earlier & {row["product_id"] for row in rows}
+    labelled = [row for row in rows if row["label"] is not None]
+    assert len(labelled) == 30
+    assert all(len(row["readers"]) == 2 and row["label"] in ("supported", "unsupported") for row in labelled)
+    assert description_figures(rows) == FRESH_DESCRIPTIONS[catalog]
