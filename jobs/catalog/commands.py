@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -98,7 +100,24 @@ def _missing_columns_hint(exc: Any, spec: Optional[str]) -> str:
 
 
 def cmd_enrich(args: argparse.Namespace) -> int:
-    """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary."""
+    """Enqueue a catalog's enrichment batch, follow it with a progress bar, print the summary.
+
+    SIGTERM (what ``timeout``, ``kill``, Docker and systemd send) stops the run as Ctrl-C does: an
+    embedded run cancels its batch's unfinished jobs, which nothing would run once it ends."""
+    if threading.current_thread() is not threading.main_thread():
+        return _enrich(args)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _enrich(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _enrich(args: argparse.Namespace) -> int:
     from weir.jobs.catalog.enrichment import MissingColumns, category_votes, enqueue_catalog, read_catalog, summarize
     from weir.jobs.client import Client
     from weir.jobs.catalog.spec import load_spec

@@ -459,7 +459,10 @@ def _start_embedded_enrich(model_dir, cwd, *args) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def test_ctrl_c_in_the_embedded_run_cancels_the_unfinished_jobs_and_says_how_to_resume(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_ctrl_c_in_the_embedded_run_cancels_the_unfinished_jobs_and_says_how_to_resume(tiny_model_dir, tmp_path, stop):
+    """Ctrl-C (SIGINT to the run's process group, as a terminal sends it) or SIGTERM to the command
+    alone (as ``timeout``, ``kill``, Docker and systemd send it)."""
     import signal
     import time
 
@@ -482,7 +485,10 @@ def test_ctrl_c_in_the_embedded_run_cancels_the_unfinished_jobs_and_says_how_to_
                     except sqlite3.OperationalError:  # not migrated yet
                         pass
         assert proc.poll() is None and num_succeeded >= 4, "the run ended, or ran no job, before the interrupt"
-        os.killpg(proc.pid, signal.SIGINT)
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
