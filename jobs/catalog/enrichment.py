@@ -687,7 +687,8 @@ class EnrichmentSummary:
     """Field -> decision (``auto``, ``review``, ``reject``) -> how many of the batch's succeeded jobs
     filling that field got it (:func:`weir.jobs.catalog.decisions.judge`)."""
     reasons: dict[str, list[tuple[str, int]]] = dataclasses.field(default_factory=dict)
-    """Field -> its reason codes, commonest first, with their counts."""
+    """Field -> its reason codes, commonest first, each with how many of the field's rows carry it
+    (a code a row gives twice counts once)."""
     num_publishable: int = 0
     """Products every field of which (those their spec asks for) is ``auto``."""
 
@@ -867,7 +868,7 @@ def _decision_counts(results: list[dict[str, Any]], voted: dict[str, Any]) -> tu
 
     def count(product_id: str, field: str, decision: str, codes: Iterable[str]) -> None:
         decisions.setdefault(field, Counter())[decision] += 1
-        reasons.setdefault(field, Counter()).update(codes)
+        reasons.setdefault(field, Counter()).update(list(dict.fromkeys(codes)))  # rows per code, not occurrences
         by_product.setdefault(product_id, {})[field] = decision
 
     for r in results:

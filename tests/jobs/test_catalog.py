@@ -390,7 +390,7 @@ def test_summary_counts_decisions_per_field_with_the_top_reasons():
     results = [marked(result("classify", "succeeded", p, "Tea")) for p in "123"] + [
         marked(result("generate", "succeeded", "1", text="A Leafy green tea.")),
         marked(result("generate", "succeeded", "2", text="A fresh green tea from")),
-        marked(result("generate", "succeeded", "3", text="Made in Italy, this tea is 100% pure.")),
+        marked(result("generate", "succeeded", "3", text="Made in Italy and Spain, this tea is 100% pure.")),
     ]
     summary = summarize(catalog, results, wall_s=1.0)
     assert summary.decisions == {"category": {"auto": 3}, "description": {"auto": 1, "reject": 1, "review": 1}}
