@@ -7,6 +7,7 @@ glance; anything else (a bug) it leaves to the traceback.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from kombu.utils.url import maybe_sanitize_url
@@ -43,6 +44,17 @@ def _settings_error(exc: BaseException) -> Optional[str]:
     return "invalid setting " + "; ".join(problems)
 
 
+def _raised_in(exc: BaseException, package: str) -> bool:
+    """Whether a frame of ``exc``'s traceback is in ``package`` (a top-level package's name)."""
+    marker = f"{os.sep}{package}{os.sep}"
+    tb = exc.__traceback__
+    while tb is not None:
+        if marker in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def one_line(exc: BaseException, *, database_url: Optional[str] = None,
              broker_url: Optional[str] = None) -> Optional[str]:
     """One line saying what failed, or None when ``exc`` is not an operational error.
@@ -55,6 +67,7 @@ def one_line(exc: BaseException, *, database_url: Optional[str] = None,
     Returns:
         The line (no program name, no newline), or None: a bug, to be shown with its traceback.
     """
+    from alembic.util.exc import CommandError
     from kombu.exceptions import OperationalError as BrokerError
     from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError, ProgrammingError
 
@@ -73,6 +86,12 @@ def one_line(exc: BaseException, *, database_url: Optional[str] = None,
     if isinstance(exc, ArgumentError):
         named = f"={database_url!r}" if database_url else ""
         return f"WEIR_DATABASE_URL{named} is not a database URL SQLAlchemy can use ({_squeeze(str(exc))})"
+    if isinstance(exc, ImportError) and database_url and _raised_in(exc, "sqlalchemy"):
+        return (f"WEIR_DATABASE_URL={maybe_sanitize_url(database_url)!r} needs the driver module {exc.name!r}, "
+                "which is not installed (weir installs psycopg for postgresql+psycopg:// and uses Python's "
+                "sqlite3 for sqlite://)")
+    if isinstance(exc, CommandError):  # alembic's: an unknown revision, a branch it cannot resolve
+        return f"migrations: {_squeeze(str(exc))}"
     if isinstance(exc, (BrokerNotConfigured, BrokerUnreachable, PublishError)):
         return str(exc)
     if isinstance(exc, BrokerError):

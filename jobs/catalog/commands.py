@@ -5,6 +5,7 @@ with a progress bar, print the summary. Registered with the command line under t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -228,7 +229,12 @@ def _enrich(args: argparse.Namespace) -> int:
           file=sys.stderr)
     print(f"weir enrich: loading model {model.name} ({model.location})", file=sys.stderr)
     try:
-        with embedded_worker(app, settings) as runtime:
+        with contextlib.ExitStack() as stack:
+            try:
+                runtime = stack.enter_context(embedded_worker(app, settings))
+            except ValueError as exc:  # the engine refused its arguments (the KV cache cannot hold a sequence, ...)
+                print(f"weir enrich: the engine cannot start: {exc}; nothing was enqueued", file=sys.stderr)
+                return EXIT_USAGE
             processor = runtime.front.processor
             checker = PromptChecker(processor.tokenizer, processor.max_model_len, vocab_size=processor.vocab_size,
                                     max_logprobs=settings.engine.max_logprobs)

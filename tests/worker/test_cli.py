@@ -208,6 +208,30 @@ def test_batches_lists_the_most_recent_batches_with_status_and_counts(tmp_path):
     assert (refused.returncode, refused.stderr) == (2, "weir batches: --limit must be >= 1, got 0\n")
 
 
+def test_a_database_driver_not_installed_and_an_unknown_revision_are_one_line(tmp_path):
+    missing = weir("batches", env_overrides={"WEIR_DATABASE_URL": "mysql://x@y/z"})
+    assert (missing.returncode, missing.stdout, missing.stderr) == (2, "", (
+        "weir batches: WEIR_DATABASE_URL='mysql://x@y/z' needs the driver module 'MySQLdb', which is not "
+        "installed (weir installs psycopg for postgresql+psycopg:// and uses Python's sqlite3 for sqlite://)\n"))
+    unknown = weir("db", "downgrade", "no-such-revision", env_overrides={"WEIR_SQLITE_PATH": str(tmp_path / "w.db")})
+    assert (unknown.returncode, unknown.stdout, unknown.stderr) == (
+        2, "", "weir db downgrade: migrations: Can't locate revision identified by 'no-such-revision'\n")
+
+
+@pytest.mark.integration
+def test_enrich_with_a_kv_cache_too_small_for_one_sequence_is_one_line_and_enqueues_nothing(tiny_model_dir, tmp_path):
+    catalog = tmp_path / "catalog.csv"
+    _write_catalog(catalog, 2)
+    done = weir("enrich", str(catalog), cwd=str(tmp_path), timeout_s=300, env_overrides={
+        "WEIR_MODEL": tiny_model_dir, "WEIR_DEVICE": "cpu", "WEIR_CPU_KV_CACHE_BYTES": "1"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.fullmatch(r"weir enrich: the engine cannot start: max_model_len=\d+ needs \d+ KV blocks of 16 tokens "
+                        r"but only \d+ fit; lower max_model_len or give the cache more memory; nothing was enqueued",
+                        done.stderr.splitlines()[-1]), done.stderr
+    with sqlite3.connect(tmp_path / "weir.db") as db:
+        assert db.execute("SELECT count(*) FROM batches").fetchone()[0] == 0
+
+
 def test_an_id_that_is_not_a_uuid_is_one_line_naming_it(tmp_path):
     env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
     said = {}
