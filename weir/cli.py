@@ -21,6 +21,8 @@ from weir.config import Settings, get_settings
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, as a shell reports a command stopped by Ctrl-C."""
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: the reader of the output went away (``weir batches | head``); nothing is printed."""
 
 BROKER_CHECK_TIMEOUT_S = 5.0
 
@@ -349,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     worker = command("worker", "run a Celery worker (threads pool) on the model's queue (needs WEIR_BROKER_URL)")
-    worker.add_argument("--loglevel", default="INFO",
+    worker.add_argument("--loglevel", default="INFO", type=_log_level,
                         help="Celery's log level: DEBUG, INFO, WARNING, ERROR (default INFO; DEBUG also "
                              "shows tracebacks)")
     worker.add_argument("--beat", action="store_true",
@@ -428,6 +430,16 @@ def _settings_or_none() -> Optional[Settings]:
         return None
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "FATAL")
+
+
+def _log_level(value: str) -> str:
+    """A Celery log level name, any case (argparse reports a ValueError as an invalid value)."""
+    if value.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a log level ({', '.join(LOG_LEVELS[:5])})")
+    return value.upper()
+
+
 def _wants_traceback(args: argparse.Namespace) -> bool:
     return args.traceback or str(getattr(args, "loglevel", "")).upper() == "DEBUG"
 
@@ -452,6 +464,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if _wants_traceback(args):
             raise
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `weir batches | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         if _wants_traceback(args):
             raise

@@ -232,6 +232,25 @@ def test_enrich_with_a_kv_cache_too_small_for_one_sequence_is_one_line_and_enque
         assert db.execute("SELECT count(*) FROM batches").fetchone()[0] == 0
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """``weir batches | head``: the closed pipe is status 141 (128 + SIGPIPE), as a shell reports
+    it, with nothing on stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
+    env.update(PYTHONPATH=REPO_ROOT + os.pathsep + env.get("PYTHONPATH", ""), WEIR_SQLITE_PATH=str(tmp_path / "w.db"))
+    migrations.upgrade(f"sqlite:///{tmp_path / 'w.db'}")
+    proc = subprocess.Popen([sys.executable, "-m", "weir", "batches"], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command writes its first line
+    stderr = proc.stderr.read()
+    assert (proc.wait(timeout=120), stderr) == (141, b"")
+
+
+def test_an_unknown_worker_log_level_is_refused_before_anything_starts():
+    done = weir("worker", "--loglevel", "NOPE", env_overrides={"WEIR_BROKER_URL": "redis://127.0.0.1:1/0"})
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "weir worker: error: argument --loglevel: 'NOPE' is not a log level (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+
+
 def test_an_id_that_is_not_a_uuid_is_one_line_naming_it(tmp_path):
     env = {"WEIR_SQLITE_PATH": str(tmp_path / "w.db")}
     said = {}
