@@ -4,7 +4,8 @@
 Settings come from ``WEIR_*`` environment variables (:mod:`weir.config`); flags cover only what
 differs per run. Exit status: 0 on success, 1 when the work failed, 2 on a usage or setup error
 (a database or broker that cannot be reached, a setting that does not parse: one line on stderr,
-the traceback only with ``--traceback`` or ``--loglevel DEBUG``), 130 after Ctrl-C (SIGINT).
+the traceback only with ``--traceback`` or ``--loglevel DEBUG``), 130 after Ctrl-C (SIGINT), 141
+when the reader of its output went away (``weir batches | head``).
 """
 
 from __future__ import annotations
