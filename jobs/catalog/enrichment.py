@@ -551,9 +551,9 @@ def product_fingerprint(product: Product, spec: JobSpec, model: str, version: Op
 class EnrichmentPlan:
     """Which products an incremental run enriches (``todo``, in catalog order)
     and why. ``new``: no fingerprint stored for it; ``changed``: a field was made from other
-    content, spec or model, or is missing (a failed or never finished job); ``unchanged``:
-    every field the spec fills carries the product's current fingerprint (skipped, unless
-    ``full``)."""
+    content, spec or model; ``unfinished``: no field was, but one is missing (a failed job, one
+    a stopped run never ran); ``unchanged``: every field the spec fills carries the product's
+    current fingerprint (skipped, unless ``full``)."""
 
     todo: list[Product]
     fingerprints: dict[str, str]
@@ -561,6 +561,7 @@ class EnrichmentPlan:
     num_changed: int
     num_unchanged: int
     full: bool = False
+    num_unfinished: int = 0
 
 
 def plan_enrichment(session_factory: Any, catalog: Catalog, model: str, *, full: bool = False) -> EnrichmentPlan:
@@ -578,20 +579,22 @@ def plan_enrichment(session_factory: Any, catalog: Catalog, model: str, *, full:
         stored = enrichment_fingerprints(session, catalog_key(catalog))
     wanted = 3 if catalog.spec.extract.enabled else 2  # category, description[, attributes]
     todo, fingerprints = [], {}
-    num_new = num_changed = 0
+    num_new = num_changed = num_unfinished = 0
     version = spec_version(catalog.spec)
     for product in catalog.products:
         fingerprint = fingerprints[product.product_id] = product_fingerprint(product, catalog.spec, model, version)
         have = stored.get(product.product_id)
         if have is None or not any(have):
             num_new += 1
-        elif any(fp != fingerprint for fp in have[:wanted]):
+        elif any(fp is not None and fp != fingerprint for fp in have[:wanted]):
             num_changed += 1
+        elif any(fp is None for fp in have[:wanted]):
+            num_unfinished += 1
         elif not full:
             continue
         todo.append(product)
-    num_unchanged = len(catalog.products) - num_new - num_changed
-    return EnrichmentPlan(todo, fingerprints, num_new, num_changed, num_unchanged, full)
+    num_unchanged = len(catalog.products) - num_new - num_changed - num_unfinished
+    return EnrichmentPlan(todo, fingerprints, num_new, num_changed, num_unchanged, full, num_unfinished)
 
 
 def enqueue_catalog(client: Any, catalog: Catalog, *, idempotency_key: Optional[str] = None,
@@ -705,7 +708,8 @@ class EnrichmentSummary:
         products = f"{self.num_products}"
         if self.plan is not None:
             products = (f"{len(self.plan.todo)} enriched of {self.num_products} ({self.plan.num_new} new, "
-                        f"{self.plan.num_changed} changed, {self.plan.num_unchanged} unchanged"
+                        f"{self.plan.num_changed} changed, {self.plan.num_unfinished} unfinished, "
+                        f"{self.plan.num_unchanged} unchanged"
                         f"{' but redone (--full)' if self.plan.full else ' skipped'}, "
                         f"{self.num_failed_products} failed)")
         return "\n".join(

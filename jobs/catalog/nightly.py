@@ -86,6 +86,7 @@ def enrich_catalog(catalog_path: str, slot: str | None = None, spec: str | None 
         batch_id = enqueue_catalog(client, catalog, idempotency_key=key, plan=plan)
     finally:
         client.close()
-    logger.info("catalog %s (spec %s), slot %s: enrichment batch %s (%d new, %d changed, %d unchanged products)",
-                catalog_path, spec or "default", slot, batch_id or "none, nothing to enrich", plan.num_new,
-                plan.num_changed, plan.num_unchanged)
+    logger.info("catalog %s (spec %s), slot %s: enrichment batch %s (%d new, %d changed, %d unfinished, "
+                "%d unchanged products)", catalog_path, spec or "default", slot,
+                batch_id or "none, nothing to enrich", plan.num_new, plan.num_changed, plan.num_unfinished,
+                plan.num_unchanged)

@@ -47,6 +47,7 @@ def run_jobs(session_factory, catalog, plan, only=None):
 
 
 def counts(plan):
+    """(enriched, new, changed, unchanged); unfinished ones are ``plan.num_unfinished``."""
     return len(plan.todo), plan.num_new, plan.num_changed, plan.num_unchanged
 
 
@@ -74,6 +75,7 @@ def test_a_second_run_enriches_only_the_three_changed_products(session_factory):
     assert run_jobs(session_factory, changed, plan, only={"3/category", "3/description", "17/category"}) == 6
     resumed = plan_enrichment(session_factory, changed, MODEL)
     assert [p.product_id for p in resumed.todo] == ["17", "40"] and counts(resumed) == (2, 0, 2, 48)
+    assert resumed.num_unfinished == 0  # 17's description was made from its old content: changed
 
 
 def test_a_new_spec_or_model_redoes_every_product_and_full_redoes_all(session_factory):
@@ -93,7 +95,8 @@ def test_a_new_spec_or_model_redoes_every_product_and_full_redoes_all(session_fa
     assert plan.num_unchanged == 0
     # its attribute jobs never finish: those products are not done yet
     run_jobs(session_factory, extracting, plan, only={f"{i}/{f}" for i in range(6) for f in ("category", "description")})
-    assert counts(plan_enrichment(session_factory, extracting, MODEL)) == (6, 0, 6, 0)
+    unfinished = plan_enrichment(session_factory, extracting, MODEL)
+    assert counts(unfinished) == (6, 0, 0, 0) and unfinished.num_unfinished == 6
     run_jobs(session_factory, extracting, plan_enrichment(session_factory, extracting, MODEL),
              only={f"{i}/attributes" for i in range(6)})
     assert counts(plan_enrichment(session_factory, extracting, MODEL)) == (0, 0, 0, 6)

@@ -474,7 +474,7 @@ def test_enrich_embedded_runs_the_tasks_in_process(tiny_model_dir, tmp_path):
             assert (finish_reason, stored) == ("length", None)
     num_valid = sum(reason == "stop" for _, reason, _ in attributes)
     assert f"attributes:          {num_valid} of 2 extracted valid ({2 - num_valid} cut by max_tokens)" in done.stdout
-    assert "products:            2 enriched of 2 (2 new, 0 changed, 0 unchanged skipped, 0 failed)" in done.stdout
+    assert "products:            2 enriched of 2 (2 new, 0 changed, 0 unfinished, 0 unchanged skipped, 0 failed)" in done.stdout
     # incremental: nothing changed, nothing is enqueued (and no model is loaded)
     again = weir("enrich", str(catalog), "--limit", "2", "--spec", str(spec), cwd=str(tmp_path),
                  env_overrides={"WEIR_MODEL": tiny_model_dir}, timeout_s=120)

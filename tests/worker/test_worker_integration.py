@@ -169,7 +169,7 @@ def test_a_second_nightly_beat_for_the_same_slot_enqueues_nothing(start_worker, 
     # the next night: nothing changed, so nothing is enqueued (incremental)
     night = "2026-12-02T02:00:00+00:00"
     client.celery_app.send_task(names.ENRICH_CATALOG, args=[str(catalog), night], queue=control)
-    wait_until(lambda: f"slot {night}: enrichment batch none, nothing to enrich (0 new, 0 changed, 1 unchanged"
+    wait_until(lambda: f"slot {night}: enrichment batch none, nothing to enrich (0 new, 0 changed, 0 unfinished, 1 unchanged"
                in worker.log(), timeout_s=60, what="the unchanged night")
     assert num_batches() == 1
     # a product changed: the night after enqueues its jobs alone
