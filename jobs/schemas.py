@@ -18,7 +18,7 @@ import math
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (
-    BaseModel, ConfigDict, Discriminator, Field, SkipValidation, Tag, ValidationError, field_validator,
+    BaseModel, ConfigDict, Discriminator, Field, SkipValidation, Tag, ValidationError, ValidationInfo, field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -184,13 +184,16 @@ class _JobRequest(BaseModel):
 
     @field_validator("prompt", "calibration_prompt", mode="before", check_fields=False)
     @classmethod
-    def _prompt_is_not_a_dict(cls, prompt: Any) -> Any:
-        # A dict would otherwise be reported as a malformed list of chat messages.
+    def _prompt_is_a_string_or_messages(cls, prompt: Any, info: ValidationInfo) -> Any:
+        # Anything else would be reported as a malformed list of chat messages.
+        if isinstance(prompt, (str, list, tuple)) or (prompt is None and info.field_name != "prompt"):
+            return prompt
         if isinstance(prompt, dict):
             keys = ", ".join(repr(k) for k in prompt) or "none"
             raise ValueError(f"a prompt is a string or a list of chat messages ({{'role': ..., 'content': ...}}), "
                              f"not a dict (keys {keys})")
-        return prompt
+        raise ValueError(f"a prompt is a string or a list of chat messages ({{'role': ..., 'content': ...}}), "
+                         f"not {'None' if prompt is None else type(prompt).__name__}")
 
     @field_validator("prompt")
     @classmethod

@@ -21,7 +21,7 @@ def error_fields(exc: ValidationError) -> list[tuple]:
          [(("prompt", "messages", 0, "content"), "string_too_short")]),
         ({"kind": "generate", "prompt": [{"role": "robot", "content": "x"}]},
          [(("prompt", "messages", 0, "role"), "literal_error")]),
-        ({"kind": "generate", "prompt": 5}, [(("prompt", "messages"), "list_type")]),
+        ({"kind": "generate", "prompt": 5}, [(("prompt",), "value_error")]),
         ({"kind": "generate", "prompt": "x", "temperature": -0.1},
          [(("temperature",), "sampling_params")]),
         ({"kind": "generate", "prompt": "x", "top_p": 0}, [(("top_p",), "sampling_params")]),
@@ -176,6 +176,17 @@ def test_a_prompt_dict_is_refused_naming_its_keys():
     [error] = info.value.errors()
     assert error["loc"] == ("prompt",)
     assert "not a dict (keys 'promt')" in error["msg"]
+
+
+@pytest.mark.parametrize("prompt, named", [(None, "None"), (42, "int"), (b"Hello", "bytes")])
+def test_a_prompt_neither_a_string_nor_messages_is_refused_naming_its_type(prompt, named):
+    with pytest.raises(ValidationError) as info:
+        GenerateRequest(prompt=prompt)
+    [error] = info.value.errors()
+    assert error["loc"] == ("prompt",)
+    assert error["msg"] == ("Value error, a prompt is a string or a list of chat messages ({'role': ..., "
+                            f"'content': ...}}), not {named}")
+    assert ClassifyRequest(prompt="x", labels=["a", "b"], calibration_prompt=None).calibration_prompt is None
 
 
 def test_labels_must_be_a_list_not_a_string():
