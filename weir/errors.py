@@ -8,6 +8,7 @@ glance; anything else (a bug) it leaves to the traceback.
 from __future__ import annotations
 
 import os
+import traceback
 from typing import Optional
 
 from kombu.utils.url import maybe_sanitize_url
@@ -47,12 +48,7 @@ def _settings_error(exc: BaseException) -> Optional[str]:
 def _raised_in(exc: BaseException, package: str) -> bool:
     """Whether a frame of ``exc``'s traceback is in ``package`` (a top-level package's name)."""
     marker = f"{os.sep}{package}{os.sep}"
-    tb = exc.__traceback__
-    while tb is not None:
-        if marker in tb.tb_frame.f_code.co_filename:
-            return True
-        tb = tb.tb_next
-    return False
+    return any(marker in frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__))
 
 
 def one_line(exc: BaseException, *, database_url: Optional[str] = None,
