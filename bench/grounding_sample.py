@@ -6,6 +6,7 @@ products per shipped catalog, each description marked by hand supported or unsup
     python -m bench.grounding_sample generate --part heldout --num 300   (then report --part heldout)
     python -m bench.grounding_sample generate --part wide --num 1500     (then report --part wide)
     python -m bench.grounding_sample generate --part fresh --num 1500 --catalogs bigbasket
+    python -m bench.grounding_sample generate --part untouched --num 1500
 
 ``generate`` draws ``--num`` products (seed 25) from the second half of each catalog file (the
 rows no prompt, exemplar or threshold was tuned on), writes each one's description and attribute
@@ -35,7 +36,12 @@ could not tell which the checker passed; the other rows keep ``label`` null. ``-
 draws the same way from what is left after every other part (seed 28; BigBasket only: the wide
 part took every Flipkart row left) into ``tests/data/grounding/fresh/``, labelled the same way:
 the rows that judge :data:`weir.jobs.catalog.decisions.MAX_UNLISTED_WORDS` as chosen on the wide
-part.
+part. ``--part untouched`` draws up to ``--num`` products (seed 29) from the first half of each
+file, leaving out the tuning part's rows and the first :data:`FIRST_RUN` products (the ones every
+``--limit`` run of the catalog job and its benchmarks described), and describes and extracts them,
+into ``tests/data/grounding/untouched/``, labelled as the wide part: products no decision rule was
+chosen on, drawn once the second halves had none left, to judge the rules chosen on the parts
+before it (``several_in_listing`` among them).
 
 The labelling rule: a description is ``unsupported`` when it states any checkable fact the
 listing (title, brand, category, source description) does not: a product type, material or
@@ -69,8 +75,12 @@ SEED = 25
 HELDOUT_SEED = 26
 WIDE_SEED = 27
 FRESH_SEED = 28
-PARTS = ("sample", "tuning", "heldout", "wide", "fresh")
-PART_SEEDS = {"heldout": HELDOUT_SEED, "wide": WIDE_SEED, "fresh": FRESH_SEED}
+UNTOUCHED_SEED = 29
+FIRST_RUN = 200
+"""The products at the head of each file that ``--limit`` runs described: never drawn into a part."""
+PARTS = ("sample", "tuning", "heldout", "wide", "fresh", "untouched")
+PART_SEEDS = {"heldout": HELDOUT_SEED, "wide": WIDE_SEED, "fresh": FRESH_SEED, "untouched": UNTOUCHED_SEED}
+FIRST_HALF = ("tuning", "untouched")
 DESCRIBED_ONLY = ("wide", "fresh")
 
 
@@ -102,15 +112,17 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     path = os.path.join(DATA, FILES[catalog_name])
     catalog = read_catalog(path, spec)
     middle = len(catalog.products) // 2
-    half = catalog.products[:middle] if part == "tuning" else catalog.products[middle:]
+    half = catalog.products[:middle] if part in FIRST_HALF else catalog.products[middle:]
+    if part == "untouched":
+        half = half[FIRST_RUN:]
     if part in PART_SEEDS:  # products no earlier part holds
-        taken = {row["product_id"] for earlier in PARTS[:PARTS.index(part)] if earlier != "tuning"
-                 and os.path.exists(sample_path(catalog_name, earlier))
+        taken = {row["product_id"] for earlier in PARTS[:PARTS.index(part)]
+                 if os.path.exists(sample_path(catalog_name, earlier))
                  for row in read_sample(catalog_name, earlier)}
         pool = [p for p in half if p.product_id not in taken]
         products = random.Random(PART_SEEDS[part]).sample(pool, min(num, len(pool)))
         if not products:
-            raise SystemExit(f"{catalog_name}: no product of the second half is left for --part {part}")
+            raise SystemExit(f"{catalog_name}: no product is left for --part {part}")
     else:
         products = random.Random(SEED).sample(half, num)
     key = catalog_key(catalog)

@@ -46,7 +46,8 @@ EVIDENCE_KINDS = {
     "colour": "every word is a colour (:data:`weir.jobs.catalog.grounding.COLOUR_VALUES`), else "
               "``outside_vocabulary``, and the listing holds each",
     "material": "every word is a material (:data:`weir.jobs.catalog.grounding.MATERIALS`), else "
-                "``outside_vocabulary``, and the listing holds each",
+                "``outside_vocabulary``, and the listing holds each, and names no other material, else "
+                "``several_in_listing``",
     "audience": "every word names people (:data:`weir.jobs.catalog.grounding.AUDIENCES`), else "
                 "``outside_vocabulary``, and the listing holds each",
     "count": "the listing states the number as a count (\"pack of 2\", \"set of 6\", \"3 pcs\"), else "
@@ -170,7 +171,11 @@ def _value_reason(kind: str, evidence: Evidence, listing: Listing, value: Any) -
         said = [w for w in words(value) if w not in CONNECTIVES]
         if not said or any(w not in VOCABULARIES[kind] for w in said):
             return "outside_vocabulary"
-        return None if all(w in evidence.words for w in said) else "unsupported_value"
+        if not all(w in evidence.words for w in said):
+            return "unsupported_value"
+        if kind == "material" and (evidence.words & MATERIALS) - set(said):
+            return "several_in_listing"  # "steel" where the listing also says "aluminium": which is it made of?
+        return None
     return None if _holds(evidence, value) else "unsupported_value"
 
 

@@ -194,6 +194,14 @@ def test_a_vocabulary_value_the_listing_does_not_hold_is_unsupported_and_an_exam
         {"code": "unsupported_value", "field": "ideal_for", "text": "Men"}]
 
 
+def test_a_material_the_listing_holds_beside_another_material_is_reviewed():
+    frame = Listing(name="Wood Photo Frame", description="Aluminium frame with a glass front, wood finish")
+    assert judge_attributes({"material": "Wood"}, "stop", frame, None, KINDS).as_dict()["reasons"] == [
+        {"code": "several_in_listing", "field": "material", "text": "Wood"}]
+    assert judge_attributes({"material": "Aluminium, Glass and Wood"}, "stop", frame, None, KINDS).decision == "auto"
+    assert judge_attributes({"material": "Cotton"}, "stop", LEGGINGS, None, KINDS).decision == "auto"  # the only one
+
+
 def test_a_brand_is_checked_against_the_listings_own_brand_only_when_it_has_one():
     no_brand = Listing(name="Zero Baby Girl's Grey Leggings", category="Clothing")
     assert judge_attributes({"brand": "Zero Baby"}, "stop", no_brand, None, KINDS).decision == "auto"

@@ -54,9 +54,9 @@ ATTRIBUTES = {'bigbasket': {'brand': {'values': 100,
                         'truth_absent': 53,
                         'null_where_absent': 0},
               'material': {'values': 100,
-                           'auto': 18,
-                           'auto_with_truth': 6,
-                           'auto_correct': 6,
+                           'auto': 11,
+                           'auto_with_truth': 2,
+                           'auto_correct': 2,
                            'truth_absent': 72,
                            'null_where_absent': 0},
               'ideal_for': {'values': 100,
@@ -95,7 +95,7 @@ FIGURE_KEYS = ("values", "auto", "auto_with_truth", "auto_correct", "truth_absen
 HELDOUT_ATTRIBUTES = {  # 300 more products per catalog, extracted only, none of the sample's
     "bigbasket": {"brand": (300, 47, 47, 47, 0, 0)},
     "flipkart": {"brand": (300, 250, 150, 147, 124, 0), "type": (300, 0, 0, 0, 86, 0),
-                 "color": (299, 101, 61, 58, 146, 0), "material": (300, 57, 26, 23, 174, 0),
+                 "color": (299, 101, 61, 58, 146, 0), "material": (300, 45, 20, 18, 174, 0),
                  "ideal_for": (300, 64, 64, 61, 147, 0), "model_name": (300, 0, 0, 0, 172, 0),
                  "pack_of": (300, 57, 8, 8, 264, 0)},
 }
@@ -103,7 +103,8 @@ HELDOUT_ATTRIBUTES = {  # 300 more products per catalog, extracted only, none of
 
 @pytest.mark.parametrize("catalog", sorted(HELDOUT_ATTRIBUTES))
 def test_attribute_decisions_on_the_held_out_extractions(catalog):
-    """The rows no evidence kind or extraction rule was written after (``--part heldout``)."""
+    """The rows no evidence kind or extraction rule was written after (``--part heldout``), but
+    ``several_in_listing``, found on them (and judged on ``--part untouched``)."""
     rows = read_sample(catalog, "heldout")
     sample_ids = {row["product_id"] for row in read_sample(catalog)}
     assert len(rows) == 300 and not sample_ids & {row["product_id"] for row in rows}
