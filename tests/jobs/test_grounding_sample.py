@@ -9,6 +9,8 @@ the grounding check, the decisions or the specs' evidence kinds shows here as ch
 ``auto``, auto values whose field the catalog's truth holds, those equal to it, and nulls where the
 truth lacks the field."""
 
+import os
+
 import pytest
 
 from bench.grounding_sample import attribute_figures, description_figures, read_sample
@@ -28,6 +30,20 @@ WIDE_DESCRIPTIONS = {'bigbasket': {'auto': 20, 'review': 1433, 'reject': 47, 'au
 # The fresh part (tests/data/grounding/fresh): the 1,140 BigBasket products left after every other
 # part, drawn after the unlisted-words limit was chosen on the wide part; labelled as the wide one.
 FRESH_DESCRIPTIONS = {'bigbasket': {'auto': 15, 'review': 1101, 'reject': 24, 'auto_unsupported': 1, 'unlabelled': 0}}
+
+# The untouched part (tests/data/grounding/untouched): up to 1,500 products per catalog from the
+# files' first halves, none of the tuning part's and none of the first 200 (every --limit run's),
+# drawn after every rule was chosen (several_in_listing included); described and extracted, and
+# labelled as the wide part.
+UNTOUCHED_DESCRIPTIONS = {'bigbasket': {'auto': 17, 'review': 1430, 'reject': 53, 'auto_unsupported': 0, 'unlabelled': 0},
+                          'flipkart': {'auto': 6, 'review': 242, 'reject': 12, 'auto_unsupported': 0, 'unlabelled': 0}}
+UNTOUCHED_ATTRIBUTES = {
+    "bigbasket": {"brand": (1500, 233, 233, 233, 0, 0)},
+    "flipkart": {"brand": (260, 238, 146, 145, 99, 0), "type": (260, 0, 0, 0, 105, 0),
+                 "color": (259, 47, 27, 26, 120, 0), "material": (260, 24, 11, 11, 182, 0),
+                 "ideal_for": (260, 39, 38, 38, 163, 0), "model_name": (260, 0, 0, 0, 194, 0),
+                 "pack_of": (260, 23, 8, 8, 195, 0)},
+}
 
 ATTRIBUTES = {'bigbasket': {'brand': {'values': 100,
                          'auto': 15,
@@ -130,3 +146,25 @@ def test_description_decisions_on_the_fresh_part(catalog):
     assert len(labelled) == 30
     assert all(len(row["readers"]) == 2 and row["label"] in ("supported", "unsupported") for row in labelled)
     assert description_figures(rows) == FRESH_DESCRIPTIONS[catalog]
+
+
+@pytest.mark.parametrize("catalog", sorted(UNTOUCHED_DESCRIPTIONS))
+def test_descriptions_and_extractions_on_the_untouched_part(catalog):
+    from bench.grounding_sample import DATA, FILES, FIRST_RUN, PARTS, sample_path
+    from weir.jobs.catalog.enrichment import read_catalog
+    from weir.jobs.catalog.spec import load_spec
+
+    rows = read_sample(catalog, "untouched")
+    products = read_catalog(f"{DATA}/{FILES[catalog]}", load_spec(catalog)).products
+    allowed = {p.product_id for p in products[FIRST_RUN:len(products) // 2]}
+    earlier = {row["product_id"] for part in PARTS if part != "untouched" and os.path.exists(sample_path(catalog, part))
+               for row in read_sample(catalog, part)}
+    ids = {row["product_id"] for row in rows}
+    assert len(ids) == len(rows) == {"bigbasket": 1500, "flipkart": 260}[catalog]
+    assert ids <= allowed and not ids & earlier
+    labelled = [row for row in rows if row["label"] is not None]
+    assert len(labelled) == 2 * UNTOUCHED_DESCRIPTIONS[catalog]["auto"]
+    assert all(len(row["readers"]) == 2 and row["label"] in ("supported", "unsupported") for row in labelled)
+    assert description_figures(rows) == UNTOUCHED_DESCRIPTIONS[catalog]
+    figures = attribute_figures(rows, catalog)
+    assert {name: tuple(c[k] for k in FIGURE_KEYS) for name, c in figures.items()} == UNTOUCHED_ATTRIBUTES[catalog]
