@@ -70,9 +70,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.tokens < 2:
         ap.error("--tokens must be at least 2")
-    sizes = sorted({int(s) for s in args.batch_sizes.split(",")})
+    try:
+        sizes = sorted({int(s) for s in args.batch_sizes.split(",")})
+    except ValueError:
+        ap.error(f"--batch-sizes must be whole numbers separated by commas, got {args.batch_sizes!r}")
     if sizes[0] != 1:
-        ap.error("--batch-sizes must include 1")
+        ap.error("--batch-sizes must include 1 and no size below it")
+    if args.repeat < 1 or args.probes < 0:
+        ap.error("--repeat must be at least 1 and --probes at least 0")
 
     from weir.engine import LLM
     from weir.jobs.testing import save_tiny_chat_model

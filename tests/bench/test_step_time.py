@@ -23,6 +23,9 @@ def test_the_benchmark_prints_a_row_per_batch_size_and_per_mode(capsys):
     assert modes == ["strict", "sharing 1", "sharing 2"]
 
 
-def test_batch_size_one_is_required():
-    with pytest.raises(SystemExit):
-        main(["--batch-sizes", "2,4"])
+@pytest.mark.parametrize("argv", [["--batch-sizes", "2,4"], ["--batch-sizes", "0,1"], ["--batch-sizes", "1,x"],
+                                  ["--tokens", "1"], ["--repeat", "0"]])
+def test_bad_arguments_are_usage_errors_before_any_model_loads(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2 and "error:" in capsys.readouterr().err
