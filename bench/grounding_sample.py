@@ -102,6 +102,12 @@ def listing(row: dict[str, Any]):
                    category=row["category"])
 
 
+def part_ids(catalog_name: str, parts) -> set[str]:
+    """The product ids that ``parts`` hold for the catalog (a part with no file for it holds none)."""
+    return {row["product_id"] for part in parts if os.path.exists(sample_path(catalog_name, part))
+            for row in read_sample(catalog_name, part)}
+
+
 def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     from weir.engine import LLM
     from weir.jobs.catalog.enrichment import catalog_key, describe_request, extract_request, read_catalog
@@ -116,9 +122,7 @@ def generate(catalog_name: str, num: int, part: str = "sample") -> None:
     if part == "untouched":
         half = half[FIRST_RUN:]
     if part in PART_SEEDS:  # products no earlier part holds
-        taken = {row["product_id"] for earlier in PARTS[:PARTS.index(part)]
-                 if os.path.exists(sample_path(catalog_name, earlier))
-                 for row in read_sample(catalog_name, earlier)}
+        taken = part_ids(catalog_name, PARTS[:PARTS.index(part)])
         pool = [p for p in half if p.product_id not in taken]
         products = random.Random(PART_SEEDS[part]).sample(pool, min(num, len(pool)))
         if not products:

@@ -17,9 +17,9 @@ def test_interpolate_is_linear_between_measured_sizes_and_flat_outside():
 def test_the_benchmark_prints_a_row_per_batch_size_and_per_mode(capsys):
     assert main(["--batch-sizes", "1,2,4", "--tokens", "3", "--repeat", "1", "--probes", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    sizes = [line.split()[0] for line in lines[2:5]]
-    assert sizes == ["1", "2", "4"]
-    [float(line.split()[1]) for line in lines[2:5]]  # a figure each (a difference of two timings: noise may make one negative)
+    rows = [line.split() for line in lines[2:5]]
+    assert [row[0] for row in rows] == ["1", "2", "4"]
+    assert all(float(row[1]) == float(row[1]) for row in rows)  # a number each; a difference of two timings may be negative
     modes = [line.split()[0] + (" " + line.split()[1] if line.split()[0] == "sharing" else "") for line in lines[8:]]
     assert modes == ["strict", "sharing 1", "sharing 2"]
 

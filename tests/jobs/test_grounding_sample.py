@@ -9,11 +9,9 @@ the grounding check, the decisions or the specs' evidence kinds shows here as ch
 ``auto``, auto values whose field the catalog's truth holds, those equal to it, and nulls where the
 truth lacks the field."""
 
-import os
-
 import pytest
 
-from bench.grounding_sample import attribute_figures, description_figures, read_sample
+from bench.grounding_sample import attribute_figures, description_figures, part_ids, read_sample
 
 DESCRIPTIONS = {'bigbasket': {'auto': 3, 'review': 92, 'reject': 5, 'auto_unsupported': 0, 'unlabelled': 0},
  'flipkart': {'auto': 1, 'review': 96, 'reject': 3, 'auto_unsupported': 1, 'unlabelled': 0}}
@@ -140,7 +138,7 @@ def test_description_decisions_on_the_wide_sample(catalog):
 @pytest.mark.parametrize("catalog", sorted(FRESH_DESCRIPTIONS))
 def test_description_decisions_on_the_fresh_part(catalog):
     rows = read_sample(catalog, "fresh")
-    earlier = {row["product_id"] for part in ("sample", "heldout", "wide") for row in read_sample(catalog, part)}
+    earlier = part_ids(catalog, ("sample", "heldout", "wide"))
     assert len(rows) == 1140 and not earlier & {row["product_id"] for row in rows}
     labelled = [row for row in rows if row["label"] is not None]
     assert len(labelled) == 30
@@ -150,15 +148,14 @@ def test_description_decisions_on_the_fresh_part(catalog):
 
 @pytest.mark.parametrize("catalog", sorted(UNTOUCHED_DESCRIPTIONS))
 def test_descriptions_and_extractions_on_the_untouched_part(catalog):
-    from bench.grounding_sample import DATA, FILES, FIRST_RUN, PARTS, sample_path
+    from bench.grounding_sample import DATA, FILES, FIRST_RUN, PARTS
     from weir.jobs.catalog.enrichment import read_catalog
     from weir.jobs.catalog.spec import load_spec
 
     rows = read_sample(catalog, "untouched")
     products = read_catalog(f"{DATA}/{FILES[catalog]}", load_spec(catalog)).products
     allowed = {p.product_id for p in products[FIRST_RUN:len(products) // 2]}
-    earlier = {row["product_id"] for part in PARTS if part != "untouched" and os.path.exists(sample_path(catalog, part))
-               for row in read_sample(catalog, part)}
+    earlier = part_ids(catalog, [part for part in PARTS if part != "untouched"])
     ids = {row["product_id"] for row in rows}
     assert len(ids) == len(rows) == {"bigbasket": 1500, "flipkart": 260}[catalog]
     assert ids <= allowed and not ids & earlier
